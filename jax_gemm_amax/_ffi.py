@@ -1,0 +1,17 @@
+"""Loads the compiled extension and registers its FFI targets with XLA."""
+
+from __future__ import annotations
+
+import jax
+
+from . import _jax_gemm_amax as _ext
+
+CPU_TARGET = "jax_gemm_amax_cpu"
+CUDA_TARGET = "jax_gemm_amax_cuda"
+
+BUILT_WITH_CUDA: bool = bool(_ext.built_with_cuda)
+
+for _name, _capsule in _ext.cpu_targets().items():
+    jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")
+for _name, _capsule in _ext.cuda_targets().items():
+    jax.ffi.register_ffi_target(_name, _capsule, platform="CUDA")

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import jax
 
-from . import _jax_gemm_amax as _ext
+try:
+    from . import _jax_gemm_amax as _ext
+except ImportError as e:  # pragma: no cover - depends on how the package is imported
+    raise ImportError(
+        "jax_gemm_amax: the compiled extension _jax_gemm_amax is missing. Install the package "
+        "(`pip install .`) and import it from the installed location, not from the source tree "
+        "(run the tests with `pytest`, not `python -m pytest`, from the repository root)."
+    ) from e
 
 CPU_TARGET = "jax_gemm_amax_cpu"
 CUDA_TARGET = "jax_gemm_amax_cuda"

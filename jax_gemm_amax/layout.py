@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
 
 from ._problem import SCALE_ATOM, SCALE_GROUPS_PER_BLOCK, SCALE_ROWS_PER_BLOCK, scale_shape
@@ -47,10 +48,14 @@ def physical_from_plain(plain):
     batch, rows, groups = plain.shape
     row_blocks = math.ceil(rows / SCALE_ROWS_PER_BLOCK)
     k_blocks = math.ceil(groups / SCALE_GROUPS_PER_BLOCK)
+    # Pad with zero bytes, not the value 0 (which e8m0 cannot represent: it would become NaN).
+    as_bytes = jax.lax.bitcast_convert_type(plain, jnp.uint8) if plain.dtype.itemsize == 1 else plain
     padded = jnp.pad(
-        plain,
+        as_bytes,
         ((0, 0), (0, row_blocks * SCALE_ROWS_PER_BLOCK - rows), (0, k_blocks * SCALE_GROUPS_PER_BLOCK - groups)),
     )
+    if padded.dtype != plain.dtype:
+        padded = jax.lax.bitcast_convert_type(padded, plain.dtype)
     blocked = padded.reshape(batch, row_blocks, 4, 32, k_blocks, 4)
     physical = blocked.transpose(_BLOCKED_FROM_PHYSICAL)
     return physical[0] if squeeze else physical

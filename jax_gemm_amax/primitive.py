@@ -79,10 +79,10 @@ mlir.register_lowering(gemm_amax_p, _cuda_lowering, platform="cuda")
 
 def _batch_rule(args, dims, **params):
     """vmap folds the mapped axis into L: one amax per (mapped item, batch item)."""
-    size = next(x.shape[d] for x, d in zip(args, dims) if d is not batching.not_mapped)
+    size = next(x.shape[d] for x, d in zip(args, dims) if d is not None)
     folded = []
     for x, d in zip(args, dims):
-        if d is batching.not_mapped:
+        if d is None:  # not mapped
             x = jnp.broadcast_to(x, (size,) + x.shape)
         else:
             x = jnp.moveaxis(x, d, 0)

@@ -1,0 +1,202 @@
+"""gemm_amax against the independent float64 oracle, on the default backend (CPU in CI, the
+CUDA kernel on a GPU machine)."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+import jax_gemm_amax as jga
+import npref
+
+E8M0 = ml_dtypes.float8_e8m0fnu
+E4M3 = ml_dtypes.float8_e4m3fn
+
+FP8_C = ["float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"]
+ALL_C = FP8_C + ["float4_e2m1fn", "uint8"]
+
+# (operand kind, operand container, scale dtype, sf_vec_size)
+FP8_CASES = [(kind, None, E8M0, 32) for kind in ("e4m3", "e5m2")]
+FP4_CASES = [
+    ("fp4", container, sf, sfv)
+    for container in ("uint8", "float4_e2m1fn")
+    for sf, sfv in ((E8M0, 32), (E8M0, 16), (E4M3, 16))
+]
+COMBOS = [case + (c,) for case in FP8_CASES for c in FP8_C] + [case + (c,) for case in FP4_CASES for c in ALL_C]
+
+
+def _operands(p: npref.RandomProblem, container, squeeze=True):
+    a, b = p.a, p.b
+    if container == "float4_e2m1fn":
+        a = npref.decode_values(a).astype(ml_dtypes.float4_e2m1fn)
+        b = npref.decode_values(b).astype(ml_dtypes.float4_e2m1fn)
+    sfa, sfb = p.sfa, p.sfb
+    if squeeze:
+        a, b, sfa, sfb = a[0], b[0], sfa[0], sfb[0]
+    return a, b, sfa, sfb
+
+
+def _check(result, p, c_dtype, c_major="n"):
+    ref, abssum, amax = npref.gemm_amax_f64(p.a, p.b, p.sfa, p.sfb, p.sfv)
+    c = np.asarray(result.c)
+    if c.ndim == 2:
+        c = c[None]
+    if c_major == "m":
+        c = np.swapaxes(c, 1, 2) if c_dtype != "uint8" else None
+    if c is not None:
+        assert_c = npref.assert_c_close
+        assert_c(c, c_dtype, ref, abssum)
+    np.testing.assert_allclose(float(result.amax), np.max(amax), rtol=2e-5)
+    assert result.amax.dtype == jnp.float32 and result.amax.shape == ()
+
+
+@pytest.mark.parametrize("kind,container,sf_dtype,sfv,c_dtype", COMBOS, ids=lambda v: getattr(v, "__name__", str(v)))
+def test_every_dtype_combination(rng, kind, container, sf_dtype, sfv, c_dtype):
+    m, n, k = 200, 160, 320  # M, N not multiples of 128; K' padded
+    p = npref.random_problem(rng, kind, sf_dtype, sfv, m, n, k)
+    a, b, sfa, sfb = _operands(p, container)
+    result = jax.jit(lambda *x: jga.gemm_amax(*x, c_dtype=c_dtype, sf_vec_size=sfv))(a, b, sfa, sfb)
+    n_stored = n // 2 if c_dtype == "uint8" else n
+    assert result.c.shape == (m, n_stored) and result.c.dtype == jnp.dtype(c_dtype)
+    _check(result, p, c_dtype)
+
+
+@pytest.mark.parametrize("sf_dtype", [np.int8, np.uint8])
+def test_integer_scale_containers_read_as_e8m0(rng, sf_dtype):
+    p = npref.random_problem(rng, "e4m3", E8M0, 32, 136, 64, 256)
+    a, b, sfa, sfb = _operands(p, None)
+    result = jga.gemm_amax(a, b, sfa.view(sf_dtype), sfb.view(sf_dtype))
+    _check(result, p, "float32")
+
+
+@pytest.mark.parametrize("kind,c_dtype", [("e4m3", "bfloat16"), ("fp4", "float32"), ("fp4", "uint8")])
+def test_batched(rng, kind, c_dtype):
+    p = npref.random_problem(rng, kind, E8M0, 32, 130, 96, 256, batch=3)
+    a, b, sfa, sfb = _operands(p, "uint8" if kind == "fp4" else None, squeeze=False)
+    result = jga.gemm_amax(a, b, sfa, sfb, c_dtype=c_dtype)
+    assert result.c.shape[0] == 3
+    _check(result, p, c_dtype)
+
+
+@pytest.mark.parametrize("c_dtype", ["float32", "bfloat16", "float8_e4m3fn"])
+def test_c_major_m_returns_transpose(rng, c_dtype):
+    p = npref.random_problem(rng, "e5m2", E8M0, 32, 144, 80, 192)
+    a, b, sfa, sfb = _operands(p, None)
+    result = jga.gemm_amax(a, b, sfa, sfb, c_dtype=c_dtype, c_major="m")
+    assert result.c.shape == (80, 144)
+    _check(result, p, c_dtype, c_major="m")
+
+
+def test_logical_scale_view_is_accepted(rng):
+    p = npref.random_problem(rng, "e4m3", E8M0, 32, 256, 128, 256)
+    a, b, sfa, sfb = _operands(p, None)
+    logical_a = np.transpose(p.sfa, (3, 4, 1, 5, 2, 0))  # the seed's (32, 4, M', 4, K', L)
+    logical_b = np.transpose(p.sfb, (3, 4, 1, 5, 2, 0))
+    result = jga.gemm_amax(a, b, logical_a, logical_b)
+    _check(result, p, "float32")
+    batched = jga.gemm_amax(p.a, p.b, logical_a, logical_b)
+    np.testing.assert_array_equal(np.asarray(batched.c)[0], np.asarray(result.c))
+
+
+def test_vmap_gives_one_amax_per_item(rng):
+    ps = [npref.random_problem(rng, "e4m3", E8M0, 32, 64, 32, 128) for _ in range(4)]
+    a = np.stack([p.a[0] for p in ps])
+    b = np.stack([p.b[0] for p in ps])
+    sfa = np.stack([p.sfa[0] for p in ps])
+    sfb = np.stack([p.sfb[0] for p in ps])
+    c, amax = jax.jit(jax.vmap(lambda *x: jga.gemm_amax(*x)))(a, b, sfa, sfb)
+    assert c.shape == (4, 64, 32) and amax.shape == (4,)
+    for i, p in enumerate(ps):
+        _check(jga.GemmAmaxResult(c[i], amax[i]), p, "float32")
+
+
+def test_vmap_with_shared_operand_and_nested(rng):
+    ps = [npref.random_problem(rng, "fp4", E4M3, 16, 64, 64, 128) for _ in range(3)]
+    b, sfb = ps[0].b[0], ps[0].sfb[0]  # shared, unmapped
+    a = np.stack([p.a[0] for p in ps])
+    sfa = np.stack([p.sfa[0] for p in ps])
+    f = jax.vmap(lambda a, sfa: jga.gemm_amax(a, b, sfa, sfb, sf_vec_size=16))
+    c, amax = f(a, sfa)
+    for i, p in enumerate(ps):
+        shared = npref.RandomProblem(p.a, ps[0].b, p.sfa, ps[0].sfb, 16, 128)
+        _check(jga.GemmAmaxResult(c[i], amax[i]), shared, "float32")
+    # vmap of vmap over a batched (L, ...) op: amax per outer item, max over inner items and L.
+    a4 = np.stack([a, a[::-1]])[:, :, None]  # (2, 3, 1, M, Kb)
+    sfa4 = np.stack([sfa, sfa[::-1]])[:, :, None]
+    nested = jax.vmap(jax.vmap(lambda a, sfa: jga.gemm_amax(a, b[None], sfa, sfb[None], sf_vec_size=16)))
+    c2, amax2 = nested(a4, sfa4)
+    assert c2.shape == (2, 3, 1, 64, 64) and amax2.shape == (2, 3)
+    np.testing.assert_array_equal(np.asarray(c2)[0, :, 0], np.asarray(c))
+    np.testing.assert_array_equal(np.asarray(amax2)[1], np.asarray(amax)[::-1])
+
+
+def test_jit_composition_and_eager_agree(rng):
+    p = npref.random_problem(rng, "e4m3", E8M0, 32, 96, 48, 128)
+    a, b, sfa, sfb = _operands(p, None)
+
+    @jax.jit
+    def f(a, b, sfa, sfb, bias):
+        c, amax = jga.gemm_amax(a, b, sfa, sfb)
+        return jax.nn.relu(c + bias), amax * 2
+
+    bias = jnp.ones((48,), jnp.float32)
+    y, amax2 = f(a, b, sfa, sfb, bias)
+    eager = jga.gemm_amax(a, b, sfa, sfb)
+    np.testing.assert_array_equal(np.asarray(y), np.maximum(np.asarray(eager.c) + 1, 0))
+    assert float(amax2) == 2 * float(eager.amax)
+    _check(eager, p, "float32")
+
+
+def test_amax_is_reset_between_calls(rng):
+    p = npref.random_problem(rng, "e4m3", E8M0, 32, 128, 64, 128)
+    a, b, sfa, sfb = _operands(p, None)
+    f = jax.jit(lambda *x: jga.gemm_amax(*x))
+    first = f(a, b, sfa, sfb)
+    assert float(first.amax) > 0
+    zero_b = np.zeros_like(b)
+    second = f(a, zero_b, sfa, sfb)
+    assert float(second.amax) == 0.0
+    assert not np.asarray(second.c).any()
+
+
+def test_nan_propagates_to_amax_and_c(rng):
+    p = npref.random_problem(rng, "e4m3", E8M0, 32, 128, 64, 128)
+    sfa = p.sfa.copy()
+    sfa.view(np.uint8)[0, 0, 0, 5, 0, 1] = 0xFF  # e8m0 NaN for row 5, group 1
+    a, b, _, sfb = _operands(p, None)
+    result = jga.gemm_amax(a, b, sfa[0], sfb)
+    assert np.isnan(float(result.amax))
+    c = np.asarray(result.c)
+    assert np.isnan(c[5]).all() and not np.isnan(np.delete(c, 5, axis=0)).any()
+
+
+def test_amax_is_taken_before_rounding(rng):
+    # FP8 C saturates at 448; amax reports the fp32 accumulator.
+    p = npref.random_problem(rng, "e4m3", E8M0, 32, 64, 32, 128)
+    sfa = p.sfa.copy()
+    sfa.view(np.uint8)[sfa.view(np.uint8) != 0] = 134  # scale 2^7: results far beyond 448
+    a, b, _, sfb = _operands(p, None)
+    result = jga.gemm_amax(a, b, sfa[0], sfb, c_dtype=jnp.float8_e4m3fn)
+    assert float(result.amax) > 448
+    assert np.max(np.abs(np.asarray(result.c).astype(np.float32))) == 448.0
+    p.sfa = sfa
+    _check(result, p, "float8_e4m3fn")
+
+
+def test_reference_matches_oracle(rng):
+    for kind, sf, sfv, c in [("e4m3", E8M0, 32, "bfloat16"), ("fp4", E4M3, 16, "uint8"), ("e5m2", E8M0, 32, "float8_e5m2")]:
+        p = npref.random_problem(rng, kind, sf, sfv, 136, 64, 256, batch=2)
+        a, b, sfa, sfb = _operands(p, "uint8" if kind == "fp4" else None, squeeze=False)
+        _check(jga.reference_gemm_amax(a, b, sfa, sfb, c_dtype=c, sf_vec_size=sfv), p, c)
+
+
+def test_tuning_hints_do_not_change_results(rng):
+    p = npref.random_problem(rng, "e4m3", E8M0, 32, 128, 256, 256)
+    a, b, sfa, sfb = _operands(p, None)
+    base = jga.gemm_amax(a, b, sfa, sfb)
+    for tiler, cluster in itertools.product([(128, 128), (128, 256)], [(1, 1), (2, 1), (4, 4)]):
+        other = jga.gemm_amax(a, b, sfa, sfb, mma_tiler_mn=tiler, cluster_shape_mn=cluster)
+        np.testing.assert_array_equal(np.asarray(other.c), np.asarray(base.c))

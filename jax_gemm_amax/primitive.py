@@ -1,10 +1,16 @@
-"""``gemm_amax_p``: the primitive behind :func:`jax_gemm_amax.gemm_amax`.
+"""The primitives behind :func:`jax_gemm_amax.gemm_amax`.
 
-It takes normalized operands only: ``a (L, M, Kb)``, ``b (L, N, Kb)`` (FP8, or packed FP4 as
-uint8), physical scales ``(L, rows', G', 32, 4, 4)``, and returns ``c (L, M, N)`` (``N // 2``
-bytes for packed FP4) and one amax per batch item ``(L,)``. The public function does the
-normalization (2-D inputs, layouts, float4 packing, c_major, the final max over L). The
-primitive knows nothing about which GPU runs it: the CUDA handler dispatches.
+Both take normalized operands only: ``a (L, M, Kb)``, ``b (L, N, Kb)`` (FP8, or packed FP4 as
+uint8), physical scales ``(L, rows', G', 32, 4, 4)``, and return ``c (L, M, N)`` (``N // 2``
+bytes for packed FP4) and one amax per batch item ``(L,)``.
+
+* ``gemm_amax_p`` is what programs contain: abstract eval, a vmap rule, and a lowering through
+  ``custom_partitioning`` (``sharding.py``) so that sharded operands run locally.
+* ``gemm_amax_ffi_p`` is the per-device call: it lowers to the FFI target of the platform. The
+  Python side knows nothing about which GPU runs it: the CUDA handler dispatches.
+
+The public function does the normalization (2-D inputs, layouts, float4 packing, c_major, the
+final max over L).
 """
 
 from __future__ import annotations
@@ -20,26 +26,23 @@ from jax.interpreters import batching, mlir
 from . import _ffi
 from ._problem import PACKED_FP4, check_problem
 
+PARAMS = ("c_dtype", "sf_vec_size", "tile_m", "tile_n", "cluster_m", "cluster_n")
+
 gemm_amax_p = Primitive("jax_gemm_amax")
 gemm_amax_p.multiple_results = True
+gemm_amax_ffi_p = Primitive("jax_gemm_amax_ffi")
+gemm_amax_ffi_p.multiple_results = True
 
-_PARAMS = ("c_dtype", "sf_vec_size", "tile_m", "tile_n", "cluster_m", "cluster_n")
 
-
-def _check(a, b, sfa, sfb, *, c_dtype, sf_vec_size, tile_m, tile_n, cluster_m, cluster_n):
-    return check_problem(
+def _abstract_eval(a, b, sfa, sfb, *, c_dtype, sf_vec_size, tile_m, tile_n, cluster_m, cluster_n):
+    if a.ndim != 3:
+        raise ValueError(f"gemm_amax_p takes (L, M, K) operands, got a of shape {a.shape}")
+    p, _, _ = check_problem(
         a, b, sfa, sfb,
         c_dtype=c_dtype, sf_vec_size=sf_vec_size, acc_dtype=np.float32,
         mma_tiler_mn=(tile_m, tile_n), cluster_shape_mn=(cluster_m, cluster_n), c_major="n",
-    )[0]
-
-
-@gemm_amax_p.def_abstract_eval
-def _abstract_eval(a, b, sfa, sfb, **params):
-    if a.ndim != 3:
-        raise ValueError(f"gemm_amax_p takes (L, M, K) operands, got a of shape {a.shape}")
-    p = _check(a, b, sfa, sfb, **params)
-    c_dtype = np.dtype(params["c_dtype"])
+    )
+    c_dtype = np.dtype(c_dtype)
     n_stored = p.n // 2 if c_dtype == PACKED_FP4 else p.n
     return (
         jax.core.ShapedArray((p.batch, p.m, n_stored), c_dtype),
@@ -47,15 +50,17 @@ def _abstract_eval(a, b, sfa, sfb, **params):
     )
 
 
-@functools.partial(jax.jit, static_argnames=_PARAMS)
-def _jitted(a, b, sfa, sfb, **params):
-    return gemm_amax_p.bind(a, b, sfa, sfb, **params)
+def _def_impl(prim):
+    jitted = jax.jit(prim.bind, static_argnames=PARAMS)
+    prim.def_impl(jitted)
 
 
-gemm_amax_p.def_impl(_jitted)
+for _prim in (gemm_amax_p, gemm_amax_ffi_p):
+    _prim.def_abstract_eval(_abstract_eval)
+    _def_impl(_prim)
 
 
-def _lowering(ctx, a, b, sfa, sfb, *, target, c_dtype, sf_vec_size, tile_m, tile_n, cluster_m, cluster_n):
+def _ffi_lowering(ctx, a, b, sfa, sfb, *, target, c_dtype, sf_vec_size, tile_m, tile_n, cluster_m, cluster_n):
     del c_dtype  # carried by the result type
     return jax.ffi.ffi_lowering(target)(
         ctx, a, b, sfa, sfb,
@@ -70,11 +75,11 @@ def _cuda_lowering(ctx, *args, **params):
             "jax_gemm_amax was built without its CUDA backend (no nvcc at build time); "
             "reinstall with nvcc on PATH (JAX_GEMM_AMAX_CUDA=ON makes its absence an error)"
         )
-    return _lowering(ctx, *args, target=_ffi.CUDA_TARGET, **params)
+    return _ffi_lowering(ctx, *args, target=_ffi.CUDA_TARGET, **params)
 
 
-mlir.register_lowering(gemm_amax_p, functools.partial(_lowering, target=_ffi.CPU_TARGET), platform="cpu")
-mlir.register_lowering(gemm_amax_p, _cuda_lowering, platform="cuda")
+mlir.register_lowering(gemm_amax_ffi_p, functools.partial(_ffi_lowering, target=_ffi.CPU_TARGET), platform="cpu")
+mlir.register_lowering(gemm_amax_ffi_p, _cuda_lowering, platform="cuda")
 
 
 def _batch_rule(args, dims, **params):

@@ -8,6 +8,8 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 jax.config.update("jax_enable_x64", False)
+# Eight virtual CPU devices for the sharding tests (set before any backend starts).
+jax.config.update("jax_num_cpu_devices", 8)
 
 
 @pytest.fixture

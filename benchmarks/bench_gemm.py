@@ -1,0 +1,148 @@
+"""Side-by-side GEMM benchmark: gemm_amax against the peers a JAX user has, in one process.
+
+For each shape (M, N, K), on MXFP8 (e4m3 values, e8m0 scales per 32) operands from random data:
+  * gemm_amax, bf16 C and f32 C (amax fused)
+  * XLA: dequantize to bf16 -> jnp.dot (cuBLAS) -> amax
+  * jax.nn.scaled_matmul (f32 out) -> amax            (GPU only: it has no CPU lowering)
+  * cuBLAS bf16 jnp.dot on unscaled bf16 operands, no amax (the bar)
+Each is timed as the median over repeats of (enqueue `--calls` calls, block), reported in
+TFLOP/s = 2MNK / time, and its output is checked against the float32 dequantized product.
+
+    python benchmarks/bench_gemm.py                 # default shapes, prints a markdown table
+    python benchmarks/bench_gemm.py --record        # also appends the table to benchmarks/RESULTS.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jax_gemm_amax as jga
+
+GPU_SHAPES = [(8192, 8192, 8192), (4096, 4096, 4096), (16384, 8192, 1024), (2048, 28672, 8192), (256, 8192, 8192), (1024, 1024, 1024)]
+CPU_SHAPES = [(256, 256, 512), (512, 512, 1024)]
+
+
+def timed(fn, args, calls, repeats):
+    out = jax.block_until_ready(fn(*args))  # compile + warm up
+    jax.block_until_ready(fn(*args))
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            last = fn(*args)
+        jax.block_until_ready(last)
+        samples.append((time.perf_counter() - start) / calls)
+    return statistics.median(samples), out
+
+
+def dequant_bf16(q, sf, rows, k):
+    scales = jga.plain_from_physical(sf, rows, k // 32)
+    scales = jnp.repeat(scales.astype(jnp.bfloat16), 32, axis=-1)
+    return q.astype(jnp.bfloat16) * scales
+
+
+def build_candidates(on_gpu):
+    def ours(c_dtype):
+        return jax.jit(lambda qa, qb, sfa, sfb, xa, xb: jga.gemm_amax(qa, qb, sfa, sfb, c_dtype=c_dtype))
+
+    @jax.jit
+    def xla_dequant(qa, qb, sfa, sfb, xa, xb):
+        a = dequant_bf16(qa, sfa, qa.shape[0], qa.shape[1])
+        b = dequant_bf16(qb, sfb, qb.shape[0], qb.shape[1])
+        c = jnp.dot(a, b.T)
+        return c, jnp.max(jnp.abs(c))
+
+    @jax.jit
+    def scaled_matmul(qa, qb, sfa, sfb, xa, xb):
+        pa = jga.plain_from_physical(sfa, qa.shape[0], qa.shape[1] // 32)[None]
+        pb = jga.plain_from_physical(sfb, qb.shape[0], qb.shape[1] // 32)[None]
+        c = jax.nn.scaled_matmul(qa[None], qb[None], pa, pb, preferred_element_type=jnp.float32)[0]
+        return c, jnp.max(jnp.abs(c))
+
+    @jax.jit
+    def cublas_bf16(qa, qb, sfa, sfb, xa, xb):
+        return jnp.dot(xa, xb.T), None
+
+    cands = {
+        "gemm_amax bf16": ours(jnp.bfloat16),
+        "gemm_amax f32": ours(jnp.float32),
+        "XLA dequant→bf16 dot→amax": xla_dequant,
+    }
+    if on_gpu:
+        cands["jax.nn.scaled_matmul f32 + amax"] = scaled_matmul
+    cands["bf16 dot, no scales (cuBLAS)"] = cublas_bf16
+    return cands
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--shapes", default=None, help="e.g. 8192x8192x8192,256x8192x8192")
+    parser.add_argument("--calls", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--record", action="store_true", help="append the table to benchmarks/RESULTS.md")
+    args = parser.parse_args()
+
+    on_gpu = jax.default_backend() == "gpu"
+    shapes = GPU_SHAPES if on_gpu else CPU_SHAPES
+    if args.shapes:
+        shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    cands = build_candidates(on_gpu)
+    device = jax.devices()[0].device_kind
+
+    header = "| M×N×K | " + " | ".join(cands) + " | ours bf16 / cuBLAS bf16 | ours bf16 / XLA dequant |"
+    rows = [header, "|" + "---|" * (len(cands) + 3)]
+    for m, n, k in shapes:
+        kx, kw = jax.random.split(jax.random.key(m * 7 + n * 3 + k))
+        x = jax.random.normal(kx, (m, k), jnp.float32)
+        w = jax.random.normal(kw, (n, k), jnp.float32)
+        qa, sfa = jga.quantize(x, "mxfp8_e4m3")
+        qb, sfb = jga.quantize(w, "mxfp8_e4m3")
+        xa, xb = x.astype(jnp.bfloat16), w.astype(jnp.bfloat16)
+        del x, w
+        ops = (qa, qb, sfa, sfb, xa, xb)
+        ref = None
+        tflops = {}
+        for name, fn in cands.items():
+            t, out = timed(fn, ops, args.calls, args.repeats)
+            tflops[name] = 2 * m * n * k / t / 1e12
+            c, amax = out
+            if name.startswith("XLA"):
+                continue
+            if ref is None and not name.startswith("bf16"):
+                a32 = jga.dequantize(qa, sfa)
+                b32 = jga.dequantize(qb, sfb)
+                ref_c = jnp.dot(a32, b32.T, precision=jax.lax.Precision.HIGHEST)
+                ref = (ref_c, float(jnp.max(jnp.abs(ref_c))))
+            if amax is not None:
+                err = float(jnp.max(jnp.abs(c.astype(jnp.float32) - ref[0]))) / ref[1]
+                amax_err = abs(float(amax) - ref[1]) / ref[1]
+                assert err < 1e-2 and amax_err < 1e-5, (name, (m, n, k), err, amax_err)
+        ours, cublas, xla = tflops["gemm_amax bf16"], tflops["bf16 dot, no scales (cuBLAS)"], tflops["XLA dequant→bf16 dot→amax"]
+        cells = " | ".join(f"{tflops[c]:.3g}" for c in cands)
+        rows.append(f"| {m}×{n}×{k} | {cells} | {ours / cublas:.2f} | {ours / xla:.2f} |")
+        print(rows[-1], flush=True)
+
+    table = "\n".join(rows)
+    print()
+    print(f"{device}, jax {jax.__version__}, TFLOP/s (2MNK / median time), outputs checked against the f32 product")
+    print(table)
+    if args.record:
+        path = os.path.join(os.path.dirname(__file__), "RESULTS.md")
+        stamp = datetime.date.today().isoformat()
+        with open(path, "a") as f:
+            f.write(f"\n## {stamp} — gemm_amax vs peers on {device}\n\n")
+            f.write(f"`python benchmarks/bench_gemm.py --calls {args.calls} --repeats {args.repeats}`"
+                    f" (jax {jax.__version__}); TFLOP/s = 2MNK / median time, MXFP8 e4m3 operands.\n\n")
+            f.write(table + "\n")
+
+
+if __name__ == "__main__":
+    main()

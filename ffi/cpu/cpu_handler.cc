@@ -1,4 +1,7 @@
 // The XLA FFI handler of the CPU platform.
+#include <exception>
+#include <string>
+
 #include "common/ffi_problem.h"
 #include "cpu/gemm_amax_cpu.h"
 
@@ -12,7 +15,11 @@ ffi::Error GemmAmaxCpuImpl(ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::AnyBuffer sf
   const GemmAmaxHints hints{tile_m, tile_n, cluster_m, cluster_n};
   ffi::Error status = DescribeProblem(a, b, sfa, sfb, *c, *amax, sf_vec_size, hints, &problem);
   if (status.failure()) return status;
-  cpu::Run(problem, BuffersOf(a, b, sfa, sfb, *c, *amax));
+  try {
+    cpu::Run(problem, BuffersOf(a, b, sfa, sfb, *c, *amax));
+  } catch (const std::exception& e) {  // e.g. std::bad_alloc for the dequantized operands
+    return ffi::Error::Internal(std::string("gemm_amax (cpu): ") + e.what());
+  }
   return ffi::Error::Success();
 }
 

@@ -39,7 +39,7 @@ class _Call:
 
 
 def _prepare(a, b, sfa, sfb, *, c_dtype, sf_vec_size, c_major, acc_dtype, mma_tiler_mn, cluster_shape_mn) -> _Call:
-    a, b, sfa, sfb = (x if isinstance(x, jax.Array | jax.core.Tracer) else jnp.asarray(x) for x in (a, b, sfa, sfb))
+    a, b, sfa, sfb = (jnp.asarray(x) for x in (a, b, sfa, sfb))
     batched = a.ndim == 3
     sfa = as_physical(sfa, batched)
     sfb = as_physical(sfb, batched)

@@ -21,6 +21,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import Primitive
+
+try:
+    from jax.core import ShapedArray
+except ImportError:  # pragma: no cover - moved in newer jax
+    from jax._src.core import ShapedArray
 from jax.interpreters import batching, mlir
 
 from . import _ffi
@@ -45,8 +50,8 @@ def _abstract_eval(a, b, sfa, sfb, *, c_dtype, sf_vec_size, tile_m, tile_n, clus
     c_dtype = np.dtype(c_dtype)
     n_stored = p.n // 2 if c_dtype == PACKED_FP4 else p.n
     return (
-        jax.core.ShapedArray((p.batch, p.m, n_stored), c_dtype),
-        jax.core.ShapedArray((p.batch,), jnp.float32),
+        ShapedArray((p.batch, p.m, n_stored), c_dtype),
+        ShapedArray((p.batch,), jnp.float32),
     )
 
 

@@ -100,12 +100,30 @@ def saturating_cast(x, dtype):
     return x.astype(dtype)
 
 
+def _fp8_table(dtype) -> np.ndarray:
+    return np.arange(256, dtype=np.uint8).view(dtype).astype(np.float32)
+
+
+_FP8_TABLES = {np.dtype(d): _fp8_table(d) for d in (jnp.float8_e4m3fn, jnp.float8_e5m2)}
+
+
+def decode_fp8(x):
+    """float8_e4m3fn / float8_e5m2 -> float32 through the bit pattern.
+
+    Not ``x.astype(float32)``: inside one jit, XLA may fold ``convert(convert(y, f8), f32)`` into
+    ``y`` (excess precision, on by default on GPU), so a quantize-then-dequantize would silently
+    skip the rounding. A bitcast and a table lookup keep the FP8 value exact.
+    """
+    table = _FP8_TABLES[np.dtype(x.dtype)]
+    return jnp.asarray(table)[jax.lax.bitcast_convert_type(x, jnp.uint8).astype(jnp.int32)]
+
+
 def decode_scales(scales):
     """Scale bytes -> float32. e8m0 (and int8/uint8 read as e8m0) is 2^(code - 127), 0xFF NaN;
     float8_e4m3fn is converted as a value."""
     dtype = np.dtype(scales.dtype)
     if dtype == np.dtype(jnp.float8_e4m3fn):
-        return scales.astype(jnp.float32)
+        return decode_fp8(scales)
     if dtype != np.dtype(np.uint8):
         scales = jax.lax.bitcast_convert_type(scales, jnp.uint8)
     code = scales.astype(jnp.int32)

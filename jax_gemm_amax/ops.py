@@ -113,7 +113,7 @@ def _dequantize_operand(call: _Call, values, scales, rows: int):
     if np.dtype(values.dtype) == PACKED_FP4:
         values = formats.e2m1_values(formats.unpack_fp4(values))
     else:
-        values = values.astype(jnp.float32)
+        values = formats.decode_fp8(values)
     sfv = call.problem.sf_vec_size
     plain = formats.decode_scales(plain_from_physical(scales, rows, call.problem.k // sfv))
     return values * jnp.repeat(plain, sfv, axis=-1)

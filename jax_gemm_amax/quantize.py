@@ -52,7 +52,7 @@ def quantize(x, fmt: str = "mxfp8_e4m3", *, packed: bool = True):
         scaled = jnp.ldexp(blocks, -exponent[..., None])
     else:  # nvfp4: e4m3 scales
         scales = jnp.clip(amax / f.max_value, 0, 448.0).astype(jnp.float8_e4m3fn)
-        s = scales.astype(jnp.float32)[..., None]
+        s = formats.decode_fp8(scales)[..., None]
         scaled = jnp.where(s > 0, blocks / jnp.where(s > 0, s, 1), 0.0)
     scaled = scaled.reshape(x3.shape)
 
@@ -79,7 +79,7 @@ def dequantize(q, scales, sf_vec_size: int = 32, *, dtype=jnp.float32):
     if qdtype == PACKED_FP4:
         values = formats.e2m1_values(formats.unpack_fp4(q))
     else:
-        values = q.astype(jnp.float32)
+        values = formats.decode_fp8(q)
     rows, k = values.shape[-2:]
     if k % sf_vec_size:
         raise ValueError(f"q: K={k} must be a multiple of sf_vec_size={sf_vec_size}")

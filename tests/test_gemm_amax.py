@@ -200,3 +200,15 @@ def test_tuning_hints_do_not_change_results(rng):
     for tiler, cluster in itertools.product([(128, 128), (128, 256)], [(1, 1), (2, 1), (4, 4)]):
         other = jga.gemm_amax(a, b, sfa, sfb, mma_tiler_mn=tiler, cluster_shape_mn=cluster)
         np.testing.assert_array_equal(np.asarray(other.c), np.asarray(base.c))
+
+
+@pytest.mark.parametrize(
+    "kind,sf_dtype,sfv,m,n,k",
+    [("e4m3", E8M0, 32, 1, 72, 32), ("e4m3", E8M0, 32, 45, 40, 32), ("e5m2", E8M0, 32, 64, 64, 32),
+     ("fp4", E8M0, 32, 3, 40, 64), ("fp4", E4M3, 16, 45, 40, 32), ("e4m3", E8M0, 32, 1, 8, 96)],
+)
+def test_short_k_and_few_rows(rng, kind, sf_dtype, sfv, m, n, k):
+    # K shorter than one 128-byte K slab and single-row operands: the TMA boxes overhang.
+    p = npref.random_problem(rng, kind, sf_dtype, sfv, m, n, k)
+    a, b, sfa, sfb = _operands(p, "uint8" if kind == "fp4" else None)
+    _check(jga.gemm_amax(a, b, sfa, sfb, sf_vec_size=sfv), p, "float32")

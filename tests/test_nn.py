@@ -172,8 +172,8 @@ def test_gradients_close_to_float32_linear(rng, fmt):
     ):
         err = _rel(a, b)
         assert 0.7 * predicted < err < 1.35 * predicted, f"{name}: relative error {err:.4f}, predicted {predicted:.4f}"
-    # The bias gradient is the fp32 sum of dY: exact.
-    np.testing.assert_allclose(gm["bias"][...], gl["bias"][...], rtol=1e-6)
+    # The bias gradient is the fp32 sum of dY, as in nnx.Linear (up to summation order).
+    np.testing.assert_allclose(gm["bias"][...], gl["bias"][...], rtol=1e-5)  # GPU sums in another order
     assert abs(float(l_mx) - float(l_lin)) < 3 * predicted * np.sqrt(float(jnp.sum(lin(x) ** 2)) * float(jnp.sum(g**2)))
 
 
@@ -381,6 +381,7 @@ def test_sharded_parameters():
     (no host callback, no device_get) stands in the way of one."""
     env = dict(os.environ)
     env.pop("XLA_FLAGS", None)
+    env["JAX_PLATFORMS"] = "cpu"  # the virtual devices are CPU ones, also on a GPU machine
     run = subprocess.run([sys.executable, "-c", _SHARDED], capture_output=True, text=True, env=env, timeout=300)
     assert run.returncode == 0 and run.stdout.strip().endswith("OK"), run.stdout + run.stderr
 

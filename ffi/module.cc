@@ -8,6 +8,7 @@ namespace nb = nanobind;
 extern "C" XLA_FFI_Error* JgaGemmAmaxCpu(XLA_FFI_CallFrame* call_frame);
 #if JGA_WITH_CUDA
 extern "C" XLA_FFI_Error* JgaGemmAmaxCuda(XLA_FFI_CallFrame* call_frame);
+extern "C" XLA_FFI_Error* JgaGemmAmaxCudaInstantiate(XLA_FFI_CallFrame* call_frame);
 #endif
 
 namespace {
@@ -28,7 +29,11 @@ NB_MODULE(_jax_gemm_amax, m) {
   m.def("cuda_targets", []() {
     nb::dict targets;
 #if JGA_WITH_CUDA
-    targets["jax_gemm_amax_cuda"] = Capsule(JgaGemmAmaxCuda);
+    // Per-stage handlers: instantiate loads the kernels outside CUDA-graph capture.
+    nb::dict stages;
+    stages["instantiate"] = Capsule(JgaGemmAmaxCudaInstantiate);
+    stages["execute"] = Capsule(JgaGemmAmaxCuda);
+    targets["jax_gemm_amax_cuda"] = stages;
 #endif
     return targets;
   });

@@ -33,6 +33,14 @@ GemmAmaxBuffers BuffersOf(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b, cons
 }  // namespace jga
 
 // The FFI binding of the handler signature, identical for every platform apart from its context.
+// Every stage of a call sees the same attributes, so each stage's binding declares them all.
+#define JGA_GEMM_AMAX_BINDING_ATTRS \
+  .Attr<int32_t>("sf_vec_size")     \
+      .Attr<int32_t>("tile_m")      \
+      .Attr<int32_t>("tile_n")      \
+      .Attr<int32_t>("cluster_m")   \
+      .Attr<int32_t>("cluster_n")
+
 #define JGA_GEMM_AMAX_BINDING_ARGS                                 \
   .Arg<xla::ffi::AnyBuffer>()     /* a */                          \
       .Arg<xla::ffi::AnyBuffer>() /* b */                          \
@@ -40,8 +48,4 @@ GemmAmaxBuffers BuffersOf(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b, cons
       .Arg<xla::ffi::AnyBuffer>() /* sfb */                        \
       .Ret<xla::ffi::AnyBuffer>() /* c */                          \
       .Ret<xla::ffi::AnyBuffer>() /* amax, one per batch item */   \
-      .Attr<int32_t>("sf_vec_size")                                \
-      .Attr<int32_t>("tile_m")                                     \
-      .Attr<int32_t>("tile_n")                                     \
-      .Attr<int32_t>("cluster_m")                                  \
-      .Attr<int32_t>("cluster_n")
+      JGA_GEMM_AMAX_BINDING_ATTRS

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# One call on the GPU machine (from the repository root): build and install for sm_90a, the whole
+# test suite on the GPU backend, the side-by-side benchmark, compute-sanitizer memcheck on small
+# cases, the Flax example's step times, and the SASS check. Logs and the updated RESULTS.md land
+# in $OUT. Each stage has its own time limit so the call ends inside the device's 10 minutes.
+#   benchmarks/gpu_run.sh
+set -uo pipefail
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false CMAKE_BUILD_PARALLEL_LEVEL=16
+OUT=${OUT:-/tmp/jga-out}
+mkdir -p "$OUT"
+REPO=$(pwd)
+t0=$(date +%s)
+stamp() { echo "--- $1 at +$(( $(date +%s) - t0 )) s"; }
+nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader
+
+python3 -m pip install --no-build-isolation --no-deps -q -C build-dir=/tmp/jga-build \
+  -C cmake.define.JAX_GEMM_AMAX_CUDA=ON -C cmake.define.JAX_GEMM_AMAX_CUDA_ARCHS=90a . \
+  > "$OUT/build.log" 2>&1 || { tail -60 "$OUT/build.log"; exit 1; }
+stamp "built and installed"
+
+cd /tmp  # import the installed package, not the source tree
+so=$(python3 -c "import jax_gemm_amax._jax_gemm_amax as e; print(e.__file__)")
+echo "SASS: HGMMA $(cuobjdump --dump-sass "$so" | grep -c HGMMA), local-memory ops $(cuobjdump --dump-sass "$so" | grep -cE '\b(LDL|STL)\b')"
+
+timeout 240 python3 -m pytest -q -p no:cacheprovider "$REPO/tests" > "$OUT/pytest.log" 2>&1
+echo "pytest rc=$?"; tail -12 "$OUT/pytest.log"
+stamp "tests"
+
+timeout 150 python3 "$REPO/benchmarks/bench_gemm.py" --record > "$OUT/bench.log" 2>&1
+echo "bench rc=$?"; tail -10 "$OUT/bench.log"
+cp "$REPO/benchmarks/RESULTS.md" "$OUT/RESULTS.md" 2>/dev/null
+stamp "benchmark"
+
+timeout 90 compute-sanitizer --tool memcheck python3 "$REPO/tests/sanitizer_cases.py" > "$OUT/memcheck.log" 2>&1
+echo "memcheck rc=$?"; grep -E "ok on|ERROR SUMMARY" "$OUT/memcheck.log"
+stamp "memcheck"
+
+timeout 70 python3 "$REPO/examples/train_mlp.py" --steps 40 --print-every 20 --out "$OUT/train_mlp_gpu.png" > "$OUT/train_small.log" 2>&1
+echo "train rc=$?"; tail -4 "$OUT/train_small.log"
+timeout 60 python3 "$REPO/examples/train_mlp.py" --steps 30 --batch 4096 --hidden 2048 --print-every 30 --out "$OUT/train_big.png" > "$OUT/train_big.log" 2>&1
+echo "train big rc=$?"; tail -3 "$OUT/train_big.log"
+stamp "done"

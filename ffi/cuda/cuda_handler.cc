@@ -1,0 +1,144 @@
+// The XLA FFI handler of the CUDA platform: validates the call, then dispatches by the compute
+// capability of the stream's device. Everything is enqueued on XLA's stream: no host sync, no
+// allocation, the same device work on every call (CUDA-graph capturable).
+#include <cuda_runtime.h>
+
+#include <array>
+#include <atomic>
+#include <string>
+
+#include "common/ffi_problem.h"
+#include "cuda/sm90/gemm_amax_sm90.h"
+#if defined(JGA_HAVE_SM100)
+#include "cuda/sm100/gemm_amax_sm100.h"
+#endif
+
+namespace jga {
+namespace {
+
+constexpr int kMaxDevices = 64;
+
+ffi::Error CudaError(cudaError_t err, const char* what) {
+  return ffi::Error::Internal(std::string("gemm_amax: ") + what + ": " + cudaGetErrorName(err) + ": " +
+                              cudaGetErrorString(err));
+}
+
+// Compute capability (major * 10 + minor) of `device`, cached: queried once per device.
+ffi::Error ComputeCapability(int device, int* cc) {
+  static std::array<std::atomic<int>, kMaxDevices> cache{};
+  if (device >= 0 && device < kMaxDevices && cache[device].load(std::memory_order_relaxed) > 0) {
+    *cc = cache[device].load(std::memory_order_relaxed);
+    return ffi::Error::Success();
+  }
+  int major = 0, minor = 0;
+  cudaError_t err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  if (err != cudaSuccess) return CudaError(err, "querying the compute capability");
+  *cc = major * 10 + minor;
+  if (device >= 0 && device < kMaxDevices) cache[device].store(*cc, std::memory_order_relaxed);
+  return ffi::Error::Success();
+}
+
+#if defined(JGA_HAVE_SM100)
+constexpr const char* kBuiltKernels = "built kernels: sm_90a (H100/H200), sm_100a (B200/GB200)";
+
+// Blackwell B200/GB200 (compute capability 10.0): the sm_100a CUTLASS kernels. The cubins are
+// arch-specific (sm_100a), so other 10.x parts (e.g. B300, 10.3) are refused with a clear error.
+ffi::Error LaunchSm100(const GemmAmaxProblem& problem, const GemmAmaxBuffers& buffers, cudaStream_t stream,
+                       ffi::ScratchAllocator& scratch) {
+  if (const char* why = sm100::Unsupported(problem))
+    return ffi::Error(ffi::ErrorCode::kUnimplemented, std::string("gemm_amax (sm_100): ") + why);
+  void* workspace = nullptr;
+  if (const size_t bytes = sm100::WorkspaceBytes(problem)) {
+    auto mem = scratch.Allocate(bytes, /*alignment=*/256);
+    if (!mem.has_value())
+      return ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                        "gemm_amax (sm_100): could not allocate " + std::to_string(bytes) + " bytes of scratch");
+    workspace = *mem;
+  }
+  const char* message = nullptr;
+  const cudaError_t err = sm100::Launch(problem, buffers, workspace, stream, &message);
+  if (err == cudaSuccess) return ffi::Error::Success();
+  const std::string what = std::string("gemm_amax (sm_100): ") + (message ? message : "launch failed");
+  if (err == cudaErrorNotSupported) return ffi::Error(ffi::ErrorCode::kUnimplemented, what);
+  if (err == cudaErrorInvalidValue) return ffi::Error::InvalidArgument(what);
+  return ffi::Error::Internal(what + ": " + cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
+}
+#else
+constexpr const char* kBuiltKernels = "built kernels: sm_90a (H100/H200); this build has no sm_100a kernels";
+#endif
+
+ffi::Error GemmAmaxCudaImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::AnyBuffer sfa,
+                            ffi::AnyBuffer sfb, ffi::Result<ffi::AnyBuffer> c, ffi::Result<ffi::AnyBuffer> amax,
+                            int32_t sf_vec_size, int32_t tile_m, int32_t tile_n, int32_t cluster_m,
+                            int32_t cluster_n) {
+  GemmAmaxProblem problem;
+  const GemmAmaxHints hints{tile_m, tile_n, cluster_m, cluster_n};
+  ffi::Error status = DescribeProblem(a, b, sfa, sfb, *c, *amax, sf_vec_size, hints, &problem);
+  if (status.failure()) return status;
+  const GemmAmaxBuffers buffers = BuffersOf(a, b, sfa, sfb, *c, *amax);
+
+  // XLA makes the stream's device current while it runs (or records) the call; unlike
+  // cudaStreamGetDevice, cudaGetDevice is allowed while the stream is being captured.
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return CudaError(err, "finding the current device");
+  int cc = 0;
+  status = ComputeCapability(device, &cc);
+  if (status.failure()) return status;
+
+  if (cc == 90) {
+    if (const char* why = sm90::Unsupported(problem))
+      return ffi::Error(ffi::ErrorCode::kUnimplemented, std::string("gemm_amax (sm_90): ") + why);
+    err = sm90::Launch(problem, buffers, stream);
+    if (err != cudaSuccess) return CudaError(err, "launching the sm_90 kernel");
+    return ffi::Error::Success();
+  }
+#if defined(JGA_HAVE_SM100)
+  if (cc == 100) return LaunchSm100(problem, buffers, stream, scratch);
+#endif
+  return ffi::Error(ffi::ErrorCode::kUnimplemented, "gemm_amax: no kernel for this GPU (compute capability " +
+                                                        std::to_string(cc / 10) + "." + std::to_string(cc % 10) +
+                                                        "); " + kBuiltKernels);
+}
+
+// The instantiate stage runs once per executable, outside CUDA-graph capture: load the kernels
+// of every device now, so that the execute stage never loads a module while XLA records a graph.
+ffi::Error GemmAmaxCudaInstantiateImpl(int32_t, int32_t, int32_t, int32_t, int32_t) {
+  int current = 0, count = 0;
+  cudaError_t err = cudaGetDevice(&current);
+  if (err == cudaSuccess) err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) return CudaError(err, "listing devices");
+  for (int device = 0; device < count; ++device) {
+    int cc = 0;
+    ffi::Error status = ComputeCapability(device, &cc);
+    if (status.failure()) return status;
+    cudaError_t (*prepare)() = cc == 90 ? sm90::Prepare : nullptr;
+#if defined(JGA_HAVE_SM100)
+    if (cc == 100) prepare = sm100::Prepare;
+#endif
+    if (prepare == nullptr) continue;
+    err = cudaSetDevice(device);
+    if (err == cudaSuccess) err = prepare();
+    if (err != cudaSuccess) {
+      cudaSetDevice(current);
+      return CudaError(err, "loading the kernels");
+    }
+  }
+  err = cudaSetDevice(current);
+  if (err != cudaSuccess) return CudaError(err, "restoring the current device");
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace jga
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JgaGemmAmaxCudaInstantiate, jga::GemmAmaxCudaInstantiateImpl,
+                              xla::ffi::Ffi::BindInstantiate() JGA_GEMM_AMAX_BINDING_ATTRS);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JgaGemmAmaxCuda, jga::GemmAmaxCudaImpl,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<xla::ffi::ScratchAllocator>()
+                                  JGA_GEMM_AMAX_BINDING_ARGS,
+                              {xla::ffi::Traits::kCmdBufferCompatible});

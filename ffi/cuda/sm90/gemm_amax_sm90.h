@@ -1,0 +1,34 @@
+// Hopper (sm_90a) block-scaled GEMM with fused amax. See sm90_kernel.cuh for the design.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "common/problem.h"
+
+namespace jga {
+namespace sm90 {
+
+// nullptr if the SM90 kernel handles `p`, else a human-readable reason.
+const char* Unsupported(const GemmAmaxProblem& p);
+
+// Loads the kernels on the current device and caches per-device state. Call it outside stream
+// capture (the FFI instantiate stage does, on every device) so that Launch never loads modules
+// while XLA records a CUDA graph; Launch prepares lazily if this was not done.
+cudaError_t Prepare();
+bool Prepared();
+
+// Enqueues the whole operation on `stream` (amax reset included). No host sync, no allocation,
+// CUDA-graph capturable. Returns the first CUDA error.
+cudaError_t Launch(const GemmAmaxProblem& p, const GemmAmaxBuffers& buf, cudaStream_t stream);
+
+// Testing / benchmarking knobs (not part of the product API).
+struct LaunchOptions {
+  bool skip_amax = false;  // leave amax untouched (measures the reduction's cost)
+  int force_tile_m = 0;    // 0: heuristic; 128 or 256 forces the CTA tile height
+  int experiment_flags = 0;  // internal timing experiments (see sm90_kernel.cuh kFlag*); results are wrong
+};
+cudaError_t LaunchWithOptions(const GemmAmaxProblem& p, const GemmAmaxBuffers& buf, cudaStream_t stream,
+                              const LaunchOptions& opt);
+
+}  // namespace sm90
+}  // namespace jga

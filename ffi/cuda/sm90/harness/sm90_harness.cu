@@ -1,0 +1,655 @@
+// Standalone correctness + benchmark harness for the SM90 gemm_amax kernel (no JAX).
+//
+//   sm90_harness test            all combos x all C dtypes x odd shapes x both tile heights,
+//                                NaN-scale case, amax reset case
+//   sm90_harness bench [iters]   TFLOP/s on the contract's shapes (e4m3/e8m0, bf16 C),
+//                                with and without the amax reduction (and cuBLAS bf16 if built
+//                                with -DJGA_WITH_CUBLAS -lcublas)
+//   sm90_harness small           one small case (for compute-sanitizer)
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#ifdef JGA_WITH_CUBLAS
+#include <cublas_v2.h>
+#endif
+
+#include "common/numerics.h"
+#include "common/problem.h"
+#include "cuda/sm90/gemm_amax_sm90.h"
+
+using namespace jga;
+
+#define CK(x)                                                                                 \
+  do {                                                                                        \
+    cudaError_t e_ = (x);                                                                     \
+    if (e_ != cudaSuccess) {                                                                  \
+      fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorString(e_), __FILE__, __LINE__, #x); \
+      exit(2);                                                                                \
+    }                                                                                         \
+  } while (0)
+
+struct Combo {
+  OperandType ab;
+  ScaleType sf;
+  int sfv;
+  const char* name;
+};
+static const Combo kCombos[] = {
+    {OperandType::kE4M3, ScaleType::kE8M0, 32, "e4m3/e8m0/32"},
+    {OperandType::kE5M2, ScaleType::kE8M0, 32, "e5m2/e8m0/32"},
+    {OperandType::kE2M1x2, ScaleType::kE8M0, 32, "e2m1/e8m0/32"},
+    {OperandType::kE2M1x2, ScaleType::kE8M0, 16, "e2m1/e8m0/16"},
+    {OperandType::kE2M1x2, ScaleType::kE4M3, 16, "e2m1/e4m3/16"},
+};
+static const char* CName(OutputType t) {
+  switch (t) {
+    case OutputType::kF32: return "f32";
+    case OutputType::kF16: return "f16";
+    case OutputType::kBF16: return "bf16";
+    case OutputType::kE4M3: return "e4m3";
+    case OutputType::kE5M2: return "e5m2";
+    case OutputType::kE2M1x2: return "e2m1";
+  }
+  return "?";
+}
+static int CBytesTimes2(OutputType t) {
+  switch (t) {
+    case OutputType::kF32: return 8;
+    case OutputType::kF16:
+    case OutputType::kBF16: return 4;
+    case OutputType::kE4M3:
+    case OutputType::kE5M2: return 2;
+    default: return 1;
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+struct HostProblem {
+  GemmAmaxProblem p;
+  std::vector<uint8_t> a, b, sfa, sfb;
+};
+
+static uint8_t RandOperandByte(std::mt19937& rng, OperandType t) {
+  for (;;) {
+    uint8_t v = static_cast<uint8_t>(rng() & 0xFF);
+    if (t == OperandType::kE4M3 && (v & 0x7F) == 0x7F) continue;
+    if (t == OperandType::kE5M2 && (v & 0x7C) == 0x7C) continue;
+    return v;
+  }
+}
+
+static void FillScales(std::vector<uint8_t>& sf, const GemmAmaxProblem& p, int64_t rows, std::mt19937& rng, int lo,
+                       int hi) {
+  sf.assign(static_cast<size_t>(p.batch * p.scale_batch_stride(rows)), 0);
+  std::uniform_int_distribution<int> d(lo, hi);
+  for (int64_t l = 0; l < p.batch; ++l)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t g = 0; g < p.k_groups(); ++g) {
+        int v = d(rng);
+        if (p.sf_type == ScaleType::kE4M3) {
+          // e4m3 scale byte in a sane positive range
+          v = 0x20 + (v - lo) % 0x38;  // 0x20 (2^-3) .. 0x57 (~2^3.9)
+        }
+        sf[l * p.scale_batch_stride(rows) + ScaleOffset(r, g, p.k_blocks())] = static_cast<uint8_t>(v);
+      }
+}
+
+static float DecodeVal(const GemmAmaxProblem& p, const uint8_t* row, int64_t k) {
+  if (p.ab_type == OperandType::kE2M1x2) {
+    uint8_t byte = row[k / 2];
+    return DecodeE2M1((k & 1) ? (byte >> 4) : (byte & 0xF));
+  }
+  return DecodeOperand(p.ab_type, row[k]);
+}
+
+// Dequantized operand (value * scale, exact in float) as (L, rows, K).
+static std::vector<float> Dequant(const GemmAmaxProblem& p, const std::vector<uint8_t>& x, const std::vector<uint8_t>& sf,
+                                  int64_t rows) {
+  std::vector<float> out(static_cast<size_t>(p.batch * rows * p.k));
+  const int64_t rb = p.operand_row_bytes();
+  for (int64_t l = 0; l < p.batch; ++l)
+    for (int64_t r = 0; r < rows; ++r) {
+      const uint8_t* row = x.data() + (l * rows + r) * rb;
+      for (int64_t k = 0; k < p.k; ++k) {
+        const float s =
+            DecodeScale(p.sf_type, sf[l * p.scale_batch_stride(rows) + ScaleOffset(r, k / p.sf_vec_size, p.k_blocks())]);
+        out[(l * rows + r) * p.k + k] = DecodeVal(p, row, k) * s;
+      }
+    }
+  return out;
+}
+
+struct Ref {
+  std::vector<double> c, sumabs;
+  std::vector<double> amax;  // per batch, NaN if any NaN
+  double max_sumabs = 0;
+};
+
+static Ref Reference(const HostProblem& hp) {
+  const GemmAmaxProblem& p = hp.p;
+  auto A = Dequant(p, hp.a, hp.sfa, p.m);
+  auto B = Dequant(p, hp.b, hp.sfb, p.n);
+  Ref r;
+  r.c.assign(static_cast<size_t>(p.batch * p.m * p.n), 0);
+  r.sumabs.assign(r.c.size(), 0);
+  r.amax.assign(p.batch, 0);
+  const int nth = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> th;
+  const int64_t rows_total = p.batch * p.m;
+  for (int ti = 0; ti < nth; ++ti) {
+    th.emplace_back([&, ti] {
+      for (int64_t lr = ti; lr < rows_total; lr += nth) {
+        const int64_t l = lr / p.m, m = lr % p.m;
+        const float* a = &A[(l * p.m + m) * p.k];
+        for (int64_t n = 0; n < p.n; ++n) {
+          const float* b = &B[(l * p.n + n) * p.k];
+          double s = 0, sa = 0;
+          for (int64_t k = 0; k < p.k; ++k) {
+            const double pr = static_cast<double>(a[k]) * static_cast<double>(b[k]);
+            s += pr;
+            sa += std::fabs(pr);
+          }
+          r.c[lr * p.n + n] = s;
+          r.sumabs[lr * p.n + n] = sa;
+        }
+      }
+    });
+  }
+  for (auto& t : th) t.join();
+  for (int64_t l = 0; l < p.batch; ++l) {
+    double mx = 0;
+    for (int64_t i = 0; i < p.m * p.n; ++i) {
+      const double v = r.c[l * p.m * p.n + i];
+      if (std::isnan(v)) {
+        mx = NAN;
+        break;
+      }
+      mx = std::max(mx, std::fabs(v));
+      r.max_sumabs = std::max(r.max_sumabs, r.sumabs[l * p.m * p.n + i]);
+    }
+    r.amax[l] = mx;
+  }
+  return r;
+}
+
+static int Ordinal(uint32_t code, int mag_mask, int sign_bit) {
+  const int mag = static_cast<int>(code & mag_mask);
+  return (code & sign_bit) ? -mag : mag;
+}
+
+// Checks one output element; returns true if ok.
+static bool CheckElem(OutputType t, const uint8_t* cbuf, int64_t idx, double ref, double sumabs, double* worst) {
+  const float r32 = static_cast<float>(ref);
+  const double f32tol = 1e-5 * sumabs + 1e-30;
+  switch (t) {
+    case OutputType::kF32: {
+      float v;
+      memcpy(&v, cbuf + idx * 4, 4);
+      if (std::isnan(ref)) return std::isnan(v);
+      const double err = std::fabs(v - ref);
+      *worst = std::max(*worst, err / (sumabs + 1e-30));
+      return err <= f32tol;
+    }
+    case OutputType::kBF16: {
+      uint16_t h;
+      memcpy(&h, cbuf + idx * 2, 2);
+      const float v = BitsToFloat(static_cast<uint32_t>(h) << 16);
+      if (std::isnan(ref)) return std::isnan(v);
+      const double err = std::fabs(v - ref);
+      *worst = std::max(*worst, err / (std::fabs(ref) + sumabs * 1e-5 + 1e-30));
+      return err <= std::ldexp(std::fabs(ref), -7) + f32tol;
+    }
+    case OutputType::kF16: {
+      uint16_t h;
+      memcpy(&h, cbuf + idx * 2, 2);
+      // decode half
+      const uint32_t s = (h >> 15) & 1, e = (h >> 10) & 0x1F, m = h & 0x3FF;
+      float v;
+      if (e == 0x1F) v = m ? NAN : (s ? -INFINITY : INFINITY);
+      else if (e == 0) v = std::ldexp(static_cast<float>(m), -24);
+      else v = std::ldexp(static_cast<float>(m | 0x400), static_cast<int>(e) - 25);
+      if (s && !std::isnan(v)) v = -v;
+      if (std::isnan(ref)) return std::isnan(v);
+      if (std::fabs(r32) >= 65520.0f * 0.999f) return std::isinf(v) || std::fabs(v) >= 65000.0f;
+      const double err = std::fabs(v - ref);
+      *worst = std::max(*worst, err / (std::fabs(ref) + sumabs * 1e-5 + 1e-30));
+      return err <= std::ldexp(std::fabs(ref), -10) + std::ldexp(1.0, -24) + f32tol;
+    }
+    case OutputType::kE4M3: {
+      const uint8_t c = cbuf[idx];
+      if (std::isnan(ref)) return (c & 0x7F) == 0x7F;
+      if ((c & 0x7F) == 0x7F) return false;
+      const uint8_t e = EncodeE4M3(r32);
+      const int d = std::abs(Ordinal(c, 0x7F, 0x80) - Ordinal(e, 0x7F, 0x80));
+      *worst = std::max(*worst, static_cast<double>(d));
+      return d <= 1;
+    }
+    case OutputType::kE5M2: {
+      const uint8_t c = cbuf[idx];
+      const bool cnan = (c & 0x7C) == 0x7C && (c & 3);
+      if (std::isnan(ref)) return cnan;
+      if ((c & 0x7C) == 0x7C) return false;  // inf/nan never produced for finite input (saturating)
+      const uint8_t e = EncodeE5M2(r32);
+      const int d = std::abs(Ordinal(c, 0x7F, 0x80) - Ordinal(e, 0x7F, 0x80));
+      *worst = std::max(*worst, static_cast<double>(d));
+      return d <= 1;
+    }
+    default: {
+      const uint8_t byte = cbuf[idx / 2];
+      const uint8_t c = (idx & 1) ? (byte >> 4) : (byte & 0xF);
+      if (std::isnan(ref)) return c == 0x7;
+      const uint8_t e = EncodeE2M1(r32);
+      const int d = std::abs(Ordinal(c, 0x7, 0x8) - Ordinal(e, 0x7, 0x8));
+      *worst = std::max(*worst, static_cast<double>(d));
+      return d <= 1;
+    }
+  }
+}
+
+struct DevBufs {
+  uint8_t *a = nullptr, *b = nullptr, *sfa = nullptr, *sfb = nullptr, *c = nullptr;
+  float* amax = nullptr;
+  size_t c_bytes = 0;
+  void Free() {
+    cudaFree(a); cudaFree(b); cudaFree(sfa); cudaFree(sfb); cudaFree(c); cudaFree(amax);
+  }
+};
+
+static DevBufs Upload(const HostProblem& hp) {
+  DevBufs d;
+  const GemmAmaxProblem& p = hp.p;
+  CK(cudaMalloc(&d.a, hp.a.size()));
+  CK(cudaMalloc(&d.b, hp.b.size()));
+  CK(cudaMalloc(&d.sfa, hp.sfa.size()));
+  CK(cudaMalloc(&d.sfb, hp.sfb.size()));
+  d.c_bytes = static_cast<size_t>(p.batch * p.m * p.n * CBytesTimes2(p.c_type) / 2);
+  CK(cudaMalloc(&d.c, d.c_bytes));
+  CK(cudaMalloc(&d.amax, sizeof(float) * p.batch));
+  CK(cudaMemcpy(d.a, hp.a.data(), hp.a.size(), cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(d.b, hp.b.data(), hp.b.size(), cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(d.sfa, hp.sfa.data(), hp.sfa.size(), cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(d.sfb, hp.sfb.data(), hp.sfb.size(), cudaMemcpyHostToDevice));
+  return d;
+}
+
+static GemmAmaxBuffers Bufs(const DevBufs& d) {
+  GemmAmaxBuffers b;
+  b.a = d.a; b.b = d.b; b.sfa = d.sfa; b.sfb = d.sfb; b.c = d.c; b.amax = d.amax;
+  return b;
+}
+
+static HostProblem MakeProblem(const Combo& cb, int64_t L, int64_t M, int64_t N, int64_t K, std::mt19937& rng, int slo,
+                               int shi) {
+  HostProblem hp;
+  GemmAmaxProblem& p = hp.p;
+  p.batch = L; p.m = M; p.n = N; p.k = K;
+  p.ab_type = cb.ab; p.sf_type = cb.sf; p.sf_vec_size = cb.sfv;
+  const int64_t rb = p.operand_row_bytes();
+  hp.a.resize(static_cast<size_t>(L * M * rb));
+  hp.b.resize(static_cast<size_t>(L * N * rb));
+  for (auto& v : hp.a) v = RandOperandByte(rng, p.ab_type);
+  for (auto& v : hp.b) v = RandOperandByte(rng, p.ab_type);
+  FillScales(hp.sfa, p, M, rng, slo, shi);
+  FillScales(hp.sfb, p, N, rng, slo, shi);
+  return hp;
+}
+
+static int g_fail = 0, g_pass = 0;
+
+// Runs the kernel on hp (with c_type set) and compares against ref.
+static bool RunAndCheck(HostProblem& hp, const Ref& ref, OutputType ct, int force_tile, const char* tag) {
+  hp.p.c_type = ct;
+  GemmAmaxProblem& p = hp.p;
+  if (const char* why = sm90::Unsupported(p)) {
+    printf("  [skip] %s: %s\n", tag, why);
+    return true;
+  }
+  DevBufs d = Upload(hp);
+  CK(cudaMemset(d.c, 0xFF, d.c_bytes));
+  CK(cudaMemset(d.amax, 0x7F, sizeof(float) * p.batch));
+  sm90::LaunchOptions opt;
+  opt.force_tile_m = force_tile;
+  CK(sm90::LaunchWithOptions(p, Bufs(d), 0, opt));
+  CK(cudaGetLastError());
+  CK(cudaDeviceSynchronize());
+  std::vector<uint8_t> c(d.c_bytes);
+  std::vector<float> amax(p.batch);
+  CK(cudaMemcpy(c.data(), d.c, d.c_bytes, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(amax.data(), d.amax, sizeof(float) * p.batch, cudaMemcpyDeviceToHost));
+  d.Free();
+  int64_t bad = 0, first_bad = -1;
+  double worst = 0;
+  const int64_t total = p.batch * p.m * p.n;
+  for (int64_t i = 0; i < total; ++i) {
+    if (!CheckElem(ct, c.data(), i, ref.c[i], ref.sumabs[i], &worst)) {
+      if (first_bad < 0) first_bad = i;
+      ++bad;
+    }
+  }
+  bool amax_ok = true;
+  for (int64_t l = 0; l < p.batch; ++l) {
+    const double r = ref.amax[l];
+    if (std::isnan(r)) {
+      amax_ok &= std::isnan(amax[l]);
+    } else {
+      amax_ok &= !std::isnan(amax[l]) && std::fabs(amax[l] - r) <= 1e-5 * ref.max_sumabs + 1e-30;
+    }
+  }
+  const bool ok = bad == 0 && amax_ok;
+  if (ok) {
+    ++g_pass;
+  } else {
+    ++g_fail;
+  }
+  printf("  [%s] %-40s C=%-4s tile=%d  bad=%lld/%lld worst=%.3g amax[0]=%.8g ref=%.8g\n", ok ? "PASS" : "FAIL", tag,
+         CName(ct), force_tile, static_cast<long long>(bad), static_cast<long long>(total), worst, amax[0], ref.amax[0]);
+  if (first_bad >= 0) {
+    const int64_t i = first_bad;
+    printf("         first bad idx=%lld (l=%lld m=%lld n=%lld) ref=%.8g\n", static_cast<long long>(i),
+           static_cast<long long>(i / (p.m * p.n)), static_cast<long long>((i / p.n) % p.m),
+           static_cast<long long>(i % p.n), ref.c[i]);
+  }
+  return ok;
+}
+
+static int64_t AlignN(int64_t n, OutputType ct) {
+  const int64_t q = 32 / CBytesTimes2(ct) * 1;  // elements per 16 bytes = 16*2/bytes2
+  const int64_t e16 = 32 / CBytesTimes2(ct);
+  (void)q;
+  return (n + e16 - 1) / e16 * e16;
+}
+
+static void TestAll() {
+  std::mt19937 rng(12345);
+  const OutputType cts[] = {OutputType::kF32, OutputType::kF16, OutputType::kBF16,
+                            OutputType::kE4M3, OutputType::kE5M2, OutputType::kE2M1x2};
+  for (const Combo& cb : kCombos) {
+    printf("== %s ==\n", cb.name);
+    // Shape 1: L=3, M=200, N~136..160, K=352 (K tail), all C dtypes, both tile heights.
+    for (OutputType ct : cts) {
+      const int64_t N = AlignN(136, ct);
+      HostProblem hp = MakeProblem(cb, 3, 200, N, 352, rng, 120, 134);
+      Ref ref = Reference(hp);
+      char tag[128];
+      snprintf(tag, sizeof tag, "%s L=3 M=200 N=%lld K=352", cb.name, static_cast<long long>(N));
+      RunAndCheck(hp, ref, ct, 128, tag);
+      RunAndCheck(hp, ref, ct, 256, tag);
+    }
+    // Shape 2: odd M, K=288 (scale-block clamp for sfv16), wide scale range (two-multiply path).
+    {
+      HostProblem hp = MakeProblem(cb, 2, 300, 272, 288, rng, 100, 160);
+      Ref ref = Reference(hp);
+      RunAndCheck(hp, ref, OutputType::kF32, 128, "wide scales L=2 M=300 N=272 K=288");
+      RunAndCheck(hp, ref, OutputType::kF32, 256, "wide scales L=2 M=300 N=272 K=288");
+    }
+    // Shape 3: tiny.
+    {
+      HostProblem hp = MakeProblem(cb, 1, 1, 32, 32, rng, 120, 134);
+      Ref ref = Reference(hp);
+      RunAndCheck(hp, ref, OutputType::kBF16, 0, "tiny M=1 N=32 K=32");
+    }
+    // Shape 4: several waves, multiple tiles per CTA, larger K.
+    {
+      HostProblem hp = MakeProblem(cb, 2, 1000, 1040, 1024, rng, 118, 136);
+      Ref ref = Reference(hp);
+      RunAndCheck(hp, ref, OutputType::kF32, 128, "L=2 M=1000 N=1040 K=1024");
+      RunAndCheck(hp, ref, OutputType::kBF16, 256, "L=2 M=1000 N=1040 K=1024");
+    }
+    // NaN scale: one scale of batch 0 is NaN -> amax[0] NaN, the other batch finite.
+    {
+      HostProblem hp = MakeProblem(cb, 2, 200, 136, 352, rng, 120, 134);
+      hp.sfa[ScaleOffset(5, 1, hp.p.k_blocks())] = (cb.sf == ScaleType::kE8M0) ? 0xFF : 0x7F;
+      Ref ref = Reference(hp);
+      RunAndCheck(hp, ref, OutputType::kF32, 0, "NaN scale (l=0,m=5,g=1)");
+      RunAndCheck(hp, ref, OutputType::kE4M3, 0, "NaN scale (l=0,m=5,g=1)");
+    }
+    // amax reset: run once with data, then B = 0 -> amax exactly 0.
+    {
+      HostProblem hp = MakeProblem(cb, 2, 200, 136, 352, rng, 120, 134);
+      hp.p.c_type = OutputType::kF32;
+      DevBufs d = Upload(hp);
+      CK(sm90::Launch(hp.p, Bufs(d), 0));
+      CK(cudaMemset(d.b, 0, hp.b.size()));
+      CK(sm90::Launch(hp.p, Bufs(d), 0));
+      CK(cudaDeviceSynchronize());
+      std::vector<float> amax(2);
+      std::vector<float> c(hp.p.batch * hp.p.m * hp.p.n);
+      CK(cudaMemcpy(amax.data(), d.amax, 8, cudaMemcpyDeviceToHost));
+      CK(cudaMemcpy(c.data(), d.c, c.size() * 4, cudaMemcpyDeviceToHost));
+      d.Free();
+      bool ok = amax[0] == 0.0f && amax[1] == 0.0f && !std::signbit(amax[0]);
+      for (float v : c) ok &= (v == 0.0f);
+      ok ? ++g_pass : ++g_fail;
+      printf("  [%s] amax reset (second call, B = 0): amax = %g %g\n", ok ? "PASS" : "FAIL", amax[0], amax[1]);
+    }
+  }
+  printf("\nTEST SUMMARY: %d passed, %d failed\n", g_pass, g_fail);
+}
+
+// ------------------------------------------------------------------------------------------
+// Benchmark.
+__global__ void FillRandomE4M3(uint8_t* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n; i += gridDim.x * static_cast<size_t>(blockDim.x)) {
+    uint32_t x = static_cast<uint32_t>(i) * 2654435761u ^ seed ^ static_cast<uint32_t>(i >> 32) * 40503u;
+    x ^= x >> 16; x *= 0x7feb352du; x ^= x >> 15; x *= 0x846ca68bu; x ^= x >> 16;
+    uint8_t v = static_cast<uint8_t>(x);
+    if ((v & 0x7F) == 0x7F) v = 0x3F;
+    p[i] = v;
+  }
+}
+__global__ void FillScalesDev(uint8_t* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n; i += gridDim.x * static_cast<size_t>(blockDim.x)) {
+    uint32_t x = static_cast<uint32_t>(i) * 2246822519u ^ seed;
+    x ^= x >> 15; x *= 0x2c1b3c6du; x ^= x >> 12;
+    p[i] = static_cast<uint8_t>(120 + x % 15);
+  }
+}
+__global__ void FillBF16(uint16_t* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n; i += gridDim.x * static_cast<size_t>(blockDim.x)) {
+    uint32_t x = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+    x ^= x >> 16; x *= 0x7feb352du; x ^= x >> 15;
+    p[i] = static_cast<uint16_t>(0x3C00 | (x & 0x83FF));  // +-[2^-7, 2^-6)
+  }
+}
+
+static double Median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+static void Bench(int iters) {
+  struct Shape { int64_t m, n, k; };
+  const Shape shapes[] = {{8192, 8192, 8192}, {4096, 4096, 4096}, {16384, 8192, 1024},
+                          {2048, 28672, 8192}, {256, 8192, 8192}, {1024, 1024, 1024}};
+  printf("%-20s %6s %12s %12s %12s %12s %10s %s\n", "MxNxK", "tile", "TF/s", "TF/s noamax", "TF/s t128", "TF/s t256",
+         "cuBLASbf16", "check");
+  for (const Shape& s : shapes) {
+    GemmAmaxProblem p;
+    p.batch = 1; p.m = s.m; p.n = s.n; p.k = s.k;
+    p.ab_type = OperandType::kE4M3; p.sf_type = ScaleType::kE8M0; p.sf_vec_size = 32; p.c_type = OutputType::kBF16;
+    DevBufs d;
+    const size_t abytes = s.m * s.k, bbytes = s.n * s.k;
+    const size_t sfab = p.scale_batch_stride(s.m), sfbb = p.scale_batch_stride(s.n);
+    CK(cudaMalloc(&d.a, abytes)); CK(cudaMalloc(&d.b, bbytes));
+    CK(cudaMalloc(&d.sfa, sfab)); CK(cudaMalloc(&d.sfb, sfbb));
+    d.c_bytes = s.m * s.n * 2;
+    CK(cudaMalloc(&d.c, d.c_bytes)); CK(cudaMalloc(&d.amax, 4));
+    FillRandomE4M3<<<1024, 256>>>(d.a, abytes, 1);
+    FillRandomE4M3<<<1024, 256>>>(d.b, bbytes, 2);
+    FillScalesDev<<<256, 256>>>(d.sfa, sfab, 3);
+    FillScalesDev<<<256, 256>>>(d.sfb, sfbb, 4);
+    CK(cudaDeviceSynchronize());
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
+    auto time_it = [&](const sm90::LaunchOptions& opt) {
+      for (int i = 0; i < 3; ++i) CK(sm90::LaunchWithOptions(p, Bufs(d), 0, opt));
+      std::vector<float> ts;
+      for (int i = 0; i < iters; ++i) {
+        CK(cudaEventRecord(e0));
+        CK(sm90::LaunchWithOptions(p, Bufs(d), 0, opt));
+        CK(cudaEventRecord(e1));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        ts.push_back(ms);
+      }
+      return 2.0 * s.m * s.n * s.k / (Median(ts) * 1e-3) / 1e12;
+    };
+    sm90::LaunchOptions o;
+    const double tf = time_it(o);
+    // correctness spot-check of the measured output
+    std::vector<uint8_t> ha(abytes), hb(bbytes), hsa(sfab), hsb(sfbb);
+    std::vector<uint16_t> hc(s.m * s.n);
+    float amax = 0;
+    CK(cudaMemcpy(ha.data(), d.a, abytes, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hb.data(), d.b, bbytes, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hsa.data(), d.sfa, sfab, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hsb.data(), d.sfb, sfbb, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hc.data(), d.c, d.c_bytes, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(&amax, d.amax, 4, cudaMemcpyDeviceToHost));
+    std::mt19937 rng(7);
+    int bad = 0;
+    double smax = 0;
+    for (int i = 0; i < 256; ++i) {
+      const int64_t m = rng() % s.m, n = rng() % s.n;
+      double acc = 0, sa = 0;
+      for (int64_t k = 0; k < s.k; ++k) {
+        const double va = DecodeE4M3(ha[m * s.k + k]) * DecodeE8M0(hsa[ScaleOffset(m, k / 32, p.k_blocks())]);
+        const double vb = DecodeE4M3(hb[n * s.k + k]) * DecodeE8M0(hsb[ScaleOffset(n, k / 32, p.k_blocks())]);
+        acc += va * vb;
+        sa += std::fabs(va * vb);
+      }
+      const float v = BitsToFloat(static_cast<uint32_t>(hc[m * s.n + n]) << 16);
+      if (!(std::fabs(v - acc) <= std::ldexp(std::fabs(acc), -7) + 1e-5 * sa)) ++bad;
+      smax = std::max(smax, std::fabs(acc));
+    }
+    const bool amax_ok = std::isfinite(amax) && amax >= smax * (1 - 1e-5);
+    o.skip_amax = true;
+    const double tf_noamax = time_it(o);
+    o.skip_amax = false;
+    o.force_tile_m = 128;
+    const double tf128 = time_it(o);
+    o.force_tile_m = 256;
+    const double tf256 = time_it(o);
+    double cublas_tf = 0;
+#ifdef JGA_WITH_CUBLAS
+    {
+      cublasHandle_t h;
+      cublasCreate(&h);
+      uint16_t *ba, *bb, *bc;
+      CK(cudaMalloc(&ba, abytes * 2)); CK(cudaMalloc(&bb, bbytes * 2)); CK(cudaMalloc(&bc, s.m * s.n * 2));
+      FillBF16<<<1024, 256>>>(ba, abytes, 5);
+      FillBF16<<<1024, 256>>>(bb, bbytes, 6);
+      const float alpha = 1, beta = 0;
+      auto run = [&] {
+        // C^T (N x M, col-major) = B (N x K row-major viewed col-major K x N)^T * A^T
+        return cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, s.n, s.m, s.k, &alpha, bb, CUDA_R_16BF, s.k, ba, CUDA_R_16BF, s.k,
+                            &beta, bc, CUDA_R_16BF, s.n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+      };
+      for (int i = 0; i < 3; ++i) run();
+      std::vector<float> ts;
+      for (int i = 0; i < iters; ++i) {
+        CK(cudaEventRecord(e0));
+        run();
+        CK(cudaEventRecord(e1));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        ts.push_back(ms);
+      }
+      cublas_tf = 2.0 * s.m * s.n * s.k / (Median(ts) * 1e-3) / 1e12;
+      cudaFree(ba); cudaFree(bb); cudaFree(bc);
+      cublasDestroy(h);
+    }
+#endif
+    char name[64];
+    snprintf(name, sizeof name, "%lldx%lldx%lld", static_cast<long long>(s.m), static_cast<long long>(s.n),
+             static_cast<long long>(s.k));
+    printf("%-20s %6s %12.1f %12.1f %12.1f %12.1f %10.1f %s (bad %d/256, amax %g)\n", name, "auto", tf, tf_noamax, tf128,
+           tf256, cublas_tf, (bad == 0 && amax_ok) ? "ok" : "WRONG", bad, amax);
+    CK(cudaEventDestroy(e0)); CK(cudaEventDestroy(e1));
+    d.Free();
+  }
+}
+
+// Timing breakdown: switch parts of the kernel off (results are wrong; timing only).
+static void Experiments(int64_t M, int64_t N, int64_t K, int iters) {
+  GemmAmaxProblem p;
+  p.batch = 1; p.m = M; p.n = N; p.k = K;
+  p.ab_type = OperandType::kE4M3; p.sf_type = ScaleType::kE8M0; p.sf_vec_size = 32; p.c_type = OutputType::kBF16;
+  DevBufs d;
+  const size_t sfab = p.scale_batch_stride(M), sfbb = p.scale_batch_stride(N);
+  CK(cudaMalloc(&d.a, M * K)); CK(cudaMalloc(&d.b, N * K));
+  CK(cudaMalloc(&d.sfa, sfab)); CK(cudaMalloc(&d.sfb, sfbb));
+  CK(cudaMalloc(&d.c, M * N * 2)); CK(cudaMalloc(&d.amax, 4));
+  FillRandomE4M3<<<1024, 256>>>(d.a, M * K, 1);
+  FillRandomE4M3<<<1024, 256>>>(d.b, N * K, 2);
+  FillScalesDev<<<256, 256>>>(d.sfa, sfab, 3);
+  FillScalesDev<<<256, 256>>>(d.sfb, sfbb, 4);
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
+  const int flag_sets[] = {0, 16, 2, 4, 8, 4 | 8, 2 | 4 | 8, 2 | 4 | 8 | 16};
+  for (int tile : {128, 256}) {
+    for (int f : flag_sets) {
+      sm90::LaunchOptions o;
+      o.force_tile_m = tile;
+      o.experiment_flags = f;
+      for (int i = 0; i < 3; ++i) CK(sm90::LaunchWithOptions(p, Bufs(d), 0, o));
+      std::vector<float> ts;
+      for (int i = 0; i < iters; ++i) {
+        CK(cudaEventRecord(e0));
+        CK(sm90::LaunchWithOptions(p, Bufs(d), 0, o));
+        CK(cudaEventRecord(e1));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        ts.push_back(ms);
+      }
+      const double med = Median(ts);
+      printf("exp %lldx%lldx%lld tile=%d flags=%2d (%s%s%s%s) %8.3f ms %8.1f TF/s\n", (long long)M, (long long)N, (long long)K,
+             tile, f, (f & 2) ? "noMMA " : "", (f & 16) ? "noEpi " : "", (f & 4) ? "noConvB " : "", (f & 8) ? "noConvA " : "", med,
+             2.0 * M * N * K / (med * 1e-3) / 1e12);
+    }
+  }
+  d.Free();
+}
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "test";
+  if (mode == "test") {
+    TestAll();
+    return g_fail == 0 ? 0 : 1;
+  }
+  if (mode == "small") {
+    std::mt19937 rng(1);
+    for (int ci = 0; ci < 5; ++ci) {
+      HostProblem hp = MakeProblem(kCombos[ci], 2, 200, 136, 352, rng, 120, 134);
+      Ref ref = Reference(hp);
+      RunAndCheck(hp, ref, OutputType::kBF16, 128, kCombos[ci].name);
+      RunAndCheck(hp, ref, OutputType::kE2M1x2, 256, kCombos[ci].name);
+    }
+    printf("SMALL SUMMARY: %d passed, %d failed\n", g_pass, g_fail);
+    return g_fail == 0 ? 0 : 1;
+  }
+  if (mode == "exp") {
+    Experiments(8192, 8192, 8192, 10);
+    Experiments(16384, 8192, 1024, 10);
+    return 0;
+  }
+  if (mode == "bench") {
+    Bench(argc > 2 ? atoi(argv[2]) : 30);
+    return 0;
+  }
+  fprintf(stderr, "usage: %s [test|small|bench [iters]]\n", argv[0]);
+  return 2;
+}

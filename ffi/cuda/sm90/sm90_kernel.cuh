@@ -1,0 +1,789 @@
+// SM90 (Hopper, sm_90a) block-scaled GEMM + fused amax.
+//
+// Design (see DESIGN.md "Kernels"):
+//   * persistent, warp-specialized CTA of 3 warpgroups (384 threads), one CTA per SM:
+//       WG0: thread 0 is the producer: TMA loads of the narrow A/B tiles (128-byte K slabs, 128B
+//            swizzle) and 1-D bulk copies of the 512-byte 128x4 scale blocks straight from the
+//            physical layout, polled from warp 0's wait loops. All 4 warps of WG0 convert the B
+//            tile (value x scale -> BF16, exact) into a 128B-swizzled buffer per 64-K unit.
+//       WG1, WG2: consumers. Each preloads its rows of the A slab into registers (releasing the
+//            raw stage at once), converts them (value x scale -> BF16) straight into WGMMA
+//            A-fragment registers and issues BF16 WGMMA (RS: A in registers, B from shared memory)
+//            with FP32 accumulators; then the epilogue (C in any dtype + amax).
+//   * K is permuted consistently for A and B inside each 64-K unit so that every thread reads
+//     16 contiguous bytes of A per row (one LDS.128) and the converter writes whole 16-byte chunks.
+//   * CTA tile: (128*MI) x 128 (MI = 1 or 2, picked by the host heuristic).
+//   * Conversion: the code's bits are moved into BF16 position with PRMT/SHF/LOP (value * 2^-O
+//     exactly, subnormals included), then multiplied (BF16 HMUL2, exact) by a per-group
+//     power-of-two (e8m0) or e4m3 multiplier that also undoes 2^-O (a second multiply only when an
+//     e8m0 byte is too large for one BF16 multiplier, NaN included). FP4 operands carry an extra
+//     2^-8 each, undone by x2^16 on the FP32 accumulator.
+//   * amax: NaN-propagating |x| max per thread (max.NaN.xorsign.abs), warp redux, one atomicMax
+//     per warp per batch item on the float bits (valid for |x| >= +0; NaN bits sort above inf).
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <cstdint>
+
+#include "common/numerics.h"
+#include "common/problem.h"
+#include "cuda/sm90/wgmma_rs.h"
+
+namespace jga {
+namespace sm90 {
+
+// ---------------------------------------------------------------------------------------------
+// Variants (operand type / scale type / scale vector size).
+enum Variant : int { kV_E4M3 = 0, kV_E5M2 = 1, kV_MXFP4_32 = 2, kV_MXFP4_16 = 3, kV_NVFP4 = 4 };
+
+template <int V>
+struct VariantTraits {
+  static constexpr bool kFp4 = (V >= kV_MXFP4_32);
+  static constexpr bool kScaleE4M3 = (V == kV_NVFP4);
+  static constexpr int kSfv = (V == kV_MXFP4_16 || V == kV_NVFP4) ? 16 : 32;
+  // One raw stage ("slab") = 128 bytes of K per row: 128 fp8 or 256 fp4 elements.
+  static constexpr int kKPerSlab = kFp4 ? 256 : 128;
+  static constexpr int kGroupsPerSlab = kKPerSlab / kSfv;      // 4, 8 or 16
+  static constexpr int kScaleBlocksPerSlab = kGroupsPerSlab / 4;  // 1, 2 or 4
+  static constexpr int kUnitsPerSlab = kKPerSlab / 64;         // 64-K MMA units per slab: 2 or 4
+  // Raw BF16 bits of a code are value * 2^-kO; fp4 operands get an extra 2^-kD.
+  static constexpr int kO = (V == kV_E4M3) ? 120 : (V == kV_E5M2) ? 112 : 126;
+  static constexpr int kD = kFp4 ? 8 : 0;
+  static constexpr int kOD = kO - kD;         // multiplier exponent field = s + kOD
+  static constexpr int kT = 254 - kOD;        // largest e8m0 byte handled by one multiply
+  static constexpr float kAccScale = kFp4 ? 65536.0f : 1.0f;  // 2^(2D)
+};
+
+struct KParams {
+  int m, n, l;
+  int k_groups;        // K / sfv
+  int k_blocks;        // ceil(k_groups / 4): scale blocks along K
+  int num_kslabs;      // ceil(K bytes / 64)
+  int row_blocks_a, row_blocks_b;
+  long long sfa_batch_stride, sfb_batch_stride;
+  const uint8_t* sfa;
+  const uint8_t* sfb;
+  void* c;
+  float* amax;
+  int c_type;
+  int flags;           // bit 0: skip amax
+  int tiles_m, tiles_n;
+  int tiles_per_batch, tiles_total;
+};
+
+constexpr int kThreads = 384;
+// KParams::flags bits.
+constexpr int kFlagNoAmax = 1;
+constexpr int kFlagNoMma = 2;    // experiment: consumers skip WGMMA (wrong results)
+constexpr int kFlagNoConvB = 4;  // experiment: converter skips B conversion (wrong results)
+constexpr int kFlagNoConvA = 8;  // experiment: consumers skip A conversion (wrong results)
+constexpr int kFlagNoEpilogue = 16;  // experiment: no C stores, no amax (wrong results)
+constexpr int kBN = 128;
+
+template <int V, int MI>
+struct Smem {
+  using Tr = VariantTraits<V>;
+  static constexpr int kBM = 128 * MI;
+  static constexpr int kRawStages = MI == 2 ? 3 : 4;
+  static constexpr int kRawA = kBM * 128;
+  static constexpr int kRawB = kBN * 128;
+  static constexpr int kBufB = kBN * 128;  // bf16 B of one 64-K unit: 128 rows x 128 bytes
+  static constexpr int kSfA = MI * Tr::kScaleBlocksPerSlab * 512;
+  static constexpr int kSfB = Tr::kScaleBlocksPerSlab * 512;
+  static constexpr int kRawBytes = kRawStages * (kRawA + kRawB + kSfA + kSfB);
+  static constexpr int kBStages = (kRawBytes + 4 * kBufB + 1024 + 256 <= 227 * 1024) ? 4 : 3;
+  static constexpr int kOffRawA = 0;
+  static constexpr int kOffRawB = kOffRawA + kRawStages * kRawA;
+  static constexpr int kOffBufB = kOffRawB + kRawStages * kRawB;
+  static constexpr int kOffSfA = kOffBufB + kBStages * kBufB;
+  static constexpr int kOffSfB = kOffSfA + kRawStages * kSfA;
+  static constexpr int kOffBar = kOffSfB + kRawStages * kSfB;
+  static constexpr int kNumBars = 2 * kRawStages + 2 * kBStages;
+  static constexpr int kBytes = kOffBar + kNumBars * 8;
+  static constexpr int kDynBytes = kBytes + 1024;  // slack for 1024-byte alignment
+  static constexpr uint32_t kTxBytes = kRawA + kRawB + kSfA + kSfB;
+};
+
+// ---------------------------------------------------------------------------------------------
+// PTX helpers.
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void MbarInit(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count));
+}
+__device__ __forceinline__ void MbarArrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void MbarArriveExpectTx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred P1;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
+      "@!P1 bra WAIT_%=;\n"
+      "}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ bool MbarTryWait(uint32_t bar, uint32_t parity) {
+  uint32_t ok;
+  asm volatile(
+      "{\n"
+      ".reg .pred P1;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 P1, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, P1;\n"
+      "}\n"
+      : "=r"(ok)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return ok != 0;
+}
+__device__ __forceinline__ void TmaLoad3D(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+__device__ __forceinline__ void BulkLoad(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+__device__ __forceinline__ void FenceProxyAsync() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+__device__ __forceinline__ void WgmmaFence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void WgmmaCommit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void WgmmaWait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+template <int R>
+__device__ __forceinline__ void SetMaxNReg() {
+  if constexpr (R >= 128) {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(R));
+  } else {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(R));
+  }
+}
+__device__ __forceinline__ void FenceOperand(float (&a)[64]) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(a[i])::"memory");
+}
+__device__ __forceinline__ uint32_t Prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+  return r;
+}
+__device__ __forceinline__ uint32_t MulBF16x2(uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+__device__ __forceinline__ uint4 Lds128(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ uint2 Lds64(uint32_t addr) {
+  uint2 v;
+  asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ uint32_t Lds8(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.u8 %0, [%1];" : "=r"(v) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ void Sts128(uint32_t addr, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(a), "r"(b), "r"(c), "r"(d));
+}
+// |m| = max(|m|, |v|), NaN-propagating (sign of the result is junk; fabs at the end).
+__device__ __forceinline__ float AbsMaxNaN(float m, float v) {
+  float r;
+  asm("max.NaN.xorsign.abs.f32 %0, %1, %2;" : "=f"(r) : "f"(m), "f"(v));
+  return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Code -> BF16 bit conversions (value * 2^-O, exact).
+// fp8: one 32-bit word (4 codes, k0..k3) -> two bf16x2 pairs (k0,k1), (k2,k3).
+template <int V>
+__device__ __forceinline__ void Fp8WordToRaw(uint32_t x, uint32_t& p0, uint32_t& p1) {
+  // PRMT builds halfwords [sign-replicated byte | byte]; a shift puts exponent/mantissa in place.
+  const uint32_t h0 = Prmt(x, 0u, 0x9180u);
+  const uint32_t h1 = Prmt(x, 0u, 0xB3A2u);
+  if constexpr (V == kV_E4M3) {
+    p0 = (h0 << 4) & 0x87F087F0u;
+    p1 = (h1 << 4) & 0x87F087F0u;
+  } else {
+    p0 = (h0 << 5) & 0x8FE08FE0u;
+    p1 = (h1 << 5) & 0x8FE08FE0u;
+  }
+}
+// fp4: one 32-bit word (8 codes, low nibble first) -> four bf16x2 pairs (k0,k1)...(k6,k7).
+__device__ __forceinline__ void Fp4WordToRaw(uint32_t x, uint32_t& p0, uint32_t& p1, uint32_t& p2, uint32_t& p3) {
+  const uint32_t xe = x << 4;  // even-k nibbles in the high half of each byte
+  p0 = (Prmt(xe, x, 0xC480u) << 2) & 0x81C081C0u;
+  p1 = (Prmt(xe, x, 0xD591u) << 2) & 0x81C081C0u;
+  p2 = (Prmt(xe, x, 0xE6A2u) << 2) & 0x81C081C0u;
+  p3 = (Prmt(xe, x, 0xF7B3u) << 2) & 0x81C081C0u;
+}
+
+// Scale byte -> multipliers (bf16x2 bit patterns). m2 is only applied when `big` (e8m0 bytes above
+// kT, NaN included); invalid groups (past K) get m1 = 0.
+template <int V>
+__device__ __forceinline__ void ScaleToMul(uint32_t s, bool valid, uint32_t& m1, uint32_t& m2, bool& big) {
+  using Tr = VariantTraits<V>;
+  if constexpr (Tr::kScaleE4M3) {
+    // e4m3 scale * 2^(O - D) = scale * 2^118, exact in bf16 (<= 4 significant bits).
+    float f = __uint_as_float((s & 0x7Fu) << 20);  // scale * 2^-120 (fp32, subnormals exact)
+    f = f * 0x1p119f * 0x1p119f;
+    uint32_t b = (__float_as_uint(f) >> 16) | ((s & 0x80u) << 8);
+    if ((s & 0x7Fu) == 0x7Fu) b = 0x7FC0u;
+    b = valid ? b : 0u;
+    m1 = b | (b << 16);
+    m2 = 0x3F803F80u;
+    big = false;
+  } else {
+    const uint32_t sc = min(s, static_cast<uint32_t>(Tr::kT));
+    uint32_t b = valid ? ((sc + Tr::kOD) << 7) : 0u;
+    m1 = b | (b << 16);
+    big = valid && (s > static_cast<uint32_t>(Tr::kT));
+    uint32_t b2 = (s == 255u) ? 0x7FC0u : ((s - Tr::kT + 127u) << 7);
+    b2 = big ? b2 : 0x3F80u;
+    m2 = b2 | (b2 << 16);
+  }
+}
+
+// Offset of (row within a 128-row scale block, group%4) inside a 512-byte scale block.
+__device__ __forceinline__ uint32_t SfInBlock(int row, int g4) {
+  return static_cast<uint32_t>((row & 31) * 16 + ((row & 127) >> 5) * 4 + g4);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tile scheduling: linear tile id -> (l, m-tile, n-tile), grouped raster of 8 m-tiles.
+struct TileCoord {
+  int l, mt, nt;
+};
+__device__ __forceinline__ TileCoord DecodeTile(const KParams& p, int tile) {
+  TileCoord tc;
+  tc.l = tile / p.tiles_per_batch;
+  const int rem = tile - tc.l * p.tiles_per_batch;
+  constexpr int G = 8;
+  const int group_span = G * p.tiles_n;
+  const int grp = rem / group_span;
+  const int first_m = grp * G;
+  const int gsize = min(G, p.tiles_m - first_m);
+  const int r = rem - grp * group_span;
+  tc.mt = first_m + r % gsize;
+  tc.nt = r / gsize;
+  return tc;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Epilogue store of two adjacent columns (col even) of one row.
+__device__ __forceinline__ uint32_t EncodeFp4Nibble(float x) {
+  if (isnan(x)) return 0x7u;
+  const float a = fabsf(x);
+  uint32_t c = (a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) + (a > 2.5f) + (a >= 3.5f) + (a > 5.0f);
+  return c | (signbit(x) ? 0x8u : 0u);
+}
+
+__device__ __forceinline__ void StorePair(void* c, int c_type, size_t idx, float v0, float v1, bool two) {
+  switch (c_type) {
+    case static_cast<int>(OutputType::kF32): {
+      float* p = static_cast<float*>(c) + idx;
+      if (two) {
+        *reinterpret_cast<float2*>(p) = make_float2(v0, v1);
+      } else {
+        p[0] = v0;
+      }
+      break;
+    }
+    case static_cast<int>(OutputType::kF16): {
+      __half2 h = __floats2half2_rn(v0, v1);
+      __half* p = static_cast<__half*>(c) + idx;
+      if (two) {
+        *reinterpret_cast<__half2*>(p) = h;
+      } else {
+        p[0] = __low2half(h);
+      }
+      break;
+    }
+    case static_cast<int>(OutputType::kBF16): {
+      __nv_bfloat162 h = __floats2bfloat162_rn(v0, v1);
+      __nv_bfloat16* p = static_cast<__nv_bfloat16*>(c) + idx;
+      if (two) {
+        *reinterpret_cast<__nv_bfloat162*>(p) = h;
+      } else {
+        p[0] = __low2bfloat16(h);
+      }
+      break;
+    }
+    case static_cast<int>(OutputType::kE4M3):
+    case static_cast<int>(OutputType::kE5M2): {
+      uint16_t r;
+      if (c_type == static_cast<int>(OutputType::kE4M3)) {
+        asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(v1), "f"(v0));
+      } else {
+        asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(r) : "f"(v1), "f"(v0));
+      }
+      uint8_t* p = static_cast<uint8_t*>(c) + idx;
+      if (two) {
+        *reinterpret_cast<uint16_t*>(p) = r;
+      } else {
+        p[0] = static_cast<uint8_t>(r & 0xFF);
+      }
+      break;
+    }
+    default: {  // packed e2m1: idx is even
+      uint8_t* p = static_cast<uint8_t*>(c) + idx / 2;
+      uint32_t lo = EncodeFp4Nibble(v0);
+      if (two) {
+        *p = static_cast<uint8_t>(lo | (EncodeFp4Nibble(v1) << 4));
+      } else {
+        *p = static_cast<uint8_t>(lo);  // cannot happen (N even for packed fp4)
+      }
+      break;
+    }
+  }
+}
+
+__device__ __forceinline__ void FlushAmax(float m, float* amax, int l) {
+  uint32_t bits = __float_as_uint(m) & 0x7FFFFFFFu;
+  bits = __reduce_max_sync(0xFFFFFFFFu, bits);
+  if ((threadIdx.x & 31) == 0 && bits != 0u) {
+    atomicMax(reinterpret_cast<unsigned int*>(amax) + l, bits);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Epilogue of one consumer thread: rows m0 + mi*64 + {0, 8}, columns n0 + 8j + {0, 1}.
+template <int CT, int MI, bool kFp4>
+__device__ __forceinline__ void Epilogue(float (&acc)[MI][64], const KParams& p, int l, int m0, int n0, bool full,
+                                         float& amax_run) {
+  const size_t batch_off = static_cast<size_t>(l) * p.m;
+  if (full) {
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi) {
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        const size_t row_idx = (batch_off + m0 + mi * 64 + rr * 8) * static_cast<size_t>(p.n) + n0;
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          float v0 = acc[mi][4 * j + 2 * rr];
+          float v1 = acc[mi][4 * j + 2 * rr + 1];
+          if constexpr (kFp4) {
+            v0 *= 65536.0f;
+            v1 *= 65536.0f;
+          }
+          amax_run = AbsMaxNaN(amax_run, v0);
+          amax_run = AbsMaxNaN(amax_run, v1);
+          StorePair(p.c, CT, row_idx + 8 * j, v0, v1, true);
+        }
+      }
+    }
+  } else {
+#pragma unroll 1
+    for (int mi = 0; mi < MI; ++mi) {
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        const int row = m0 + mi * 64 + rr * 8;
+        if (row >= p.m) continue;
+        const size_t row_idx = (batch_off + row) * static_cast<size_t>(p.n);
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          const int col = n0 + 8 * j;
+          if (col >= p.n) continue;
+          float v0 = (mi == 0) ? acc[0][4 * j + 2 * rr] : acc[MI - 1][4 * j + 2 * rr];
+          float v1 = (mi == 0) ? acc[0][4 * j + 2 * rr + 1] : acc[MI - 1][4 * j + 2 * rr + 1];
+          if constexpr (kFp4) {
+            v0 *= 65536.0f;
+            v1 *= 65536.0f;
+          }
+          const bool two = col + 1 < p.n;
+          amax_run = AbsMaxNaN(amax_run, v0);
+          if (two) amax_run = AbsMaxNaN(amax_run, v1);
+          StorePair(p.c, CT, row_idx + col, v0, v1, two);
+        }
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scale-group bookkeeping of one thread's 16 (fp8) / 16 (fp4, 8 bytes) codes of a 64-K unit.
+//   fp8:  unit ui = half h of the slab; chunk t of the half -> group-in-slab 2h + t/2
+//   fp4:  unit ui = 2h + u (half h, quarter u); chunk t -> sfv32: 4h + t; sfv16: 8h + 2t + u
+template <int V>
+__device__ __forceinline__ int GroupInSlab(int ui, int t) {
+  using Tr = VariantTraits<V>;
+  if constexpr (!Tr::kFp4) {
+    return 2 * ui + (t >> 1);
+  } else if constexpr (Tr::kSfv == 32) {
+    return 4 * (ui >> 1) + t;
+  } else {
+    return 8 * (ui >> 1) + 2 * t + (ui & 1);
+  }
+}
+
+template <int V, int MI>
+__global__ void __launch_bounds__(kThreads, 1)
+    GemmAmaxKernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_b, const KParams p) {
+  using Tr = VariantTraits<V>;
+  using S = Smem<V, MI>;
+  constexpr int kBM = S::kBM;
+  constexpr int kRawStages = S::kRawStages;
+  constexpr int kBStages = S::kBStages;
+  constexpr int kUPS = Tr::kUnitsPerSlab;
+  constexpr int kNSB = Tr::kScaleBlocksPerSlab;
+
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  const uint32_t smem = (SmemAddr(smem_raw) + 1023u) & ~1023u;
+  const uint32_t bar_full_raw = smem + S::kOffBar;
+  const uint32_t bar_empty_raw = bar_full_raw + 8 * kRawStages;
+  const uint32_t bar_full_b = bar_empty_raw + 8 * kRawStages;
+  const uint32_t bar_empty_b = bar_full_b + 8 * kBStages;
+
+  const int warp_idx = threadIdx.x / 32;
+  const int lane = threadIdx.x & 31;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kRawStages; ++s) {
+      MbarInit(bar_full_raw + 8 * s, 1);
+      MbarInit(bar_empty_raw + 8 * s, 12);  // 8 consumer warps + 4 converter warps
+    }
+    for (int s = 0; s < kBStages; ++s) {
+      MbarInit(bar_full_b + 8 * s, 4);
+      MbarInit(bar_empty_b + 8 * s, 8);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  const int nslabs = p.num_kslabs;
+
+  if (warp_idx < 4) {
+    // ======================= WG0: producer (thread 0) + B converter (all 128 threads) ==========
+    SetMaxNReg<56>();
+    const int n_local = threadIdx.x;  // row of the B tile this thread converts
+    int p_tile = blockIdx.x, p_slab = 0, p_stage = 0, p_phase = 0;
+    int r_stage = 0, r_phase = 0, b_stage = 0, b_phase = 0;
+    const bool is_producer = (threadIdx.x == 0);
+    const int r7 = n_local & 7;
+    // Producer: issues every slab whose ring slot is free, without blocking (it shares warp 0
+    // with the converter, so it is polled from every wait loop of warp 0).
+    auto produce = [&]() {
+      while (p_tile < p.tiles_total && MbarTryWait(bar_empty_raw + 8 * p_stage, p_phase ^ 1)) {
+        const TileCoord pc = DecodeTile(p, p_tile);
+        const uint32_t fb = bar_full_raw + 8 * p_stage;
+        MbarArriveExpectTx(fb, S::kTxBytes);
+        TmaLoad3D(smem + S::kOffRawA + p_stage * S::kRawA, &tm_a, fb, p_slab * 128, pc.mt * kBM, pc.l);
+        TmaLoad3D(smem + S::kOffRawB + p_stage * S::kRawB, &tm_b, fb, p_slab * 128, pc.nt * kBN, pc.l);
+        // Scale blocks: each 512 bytes = 128 rows x 4 groups, contiguous in the physical layout.
+#pragma unroll
+        for (int j = 0; j < kNSB; ++j) {
+          const int kb4 = min(p_slab * kNSB + j, p.k_blocks - 1);
+#pragma unroll
+          for (int i = 0; i < MI; ++i) {
+            const int rb = min(pc.mt * MI + i, p.row_blocks_a - 1);
+            const uint8_t* src = p.sfa + pc.l * p.sfa_batch_stride + (static_cast<long long>(rb) * p.k_blocks + kb4) * 512;
+            BulkLoad(smem + S::kOffSfA + p_stage * S::kSfA + (i * kNSB + j) * 512, src, 512, fb);
+          }
+          const int rbb = min(pc.nt, p.row_blocks_b - 1);
+          const uint8_t* srcb = p.sfb + pc.l * p.sfb_batch_stride + (static_cast<long long>(rbb) * p.k_blocks + kb4) * 512;
+          BulkLoad(smem + S::kOffSfB + p_stage * S::kSfB + j * 512, srcb, 512, fb);
+        }
+        if (++p_stage == kRawStages) { p_stage = 0; p_phase ^= 1; }
+        if (++p_slab == nslabs) { p_slab = 0; p_tile += gridDim.x; }
+      }
+    };
+    auto wait_and_produce = [&](uint32_t bar, uint32_t parity) {
+      if (warp_idx == 0) {
+        while (!MbarTryWait(bar, parity)) {
+          if (is_producer) produce();
+        }
+      } else {
+        MbarWait(bar, parity);
+      }
+    };
+    for (int tile = blockIdx.x; tile < p.tiles_total; tile += gridDim.x) {
+      for (int slab = 0; slab < nslabs; ++slab) {
+        if (is_producer) produce();
+        __syncwarp();
+        // ---- convert the B slab, one 64-K unit (one bf16 buffer) at a time ----
+        wait_and_produce(bar_full_raw + 8 * r_stage, r_phase);
+        const uint32_t raw = smem + S::kOffRawB + r_stage * S::kRawB + n_local * 128;
+        const uint32_t sfb = smem + S::kOffSfB + r_stage * S::kSfB + SfInBlock(n_local, 0);
+#pragma unroll 1
+        for (int ui = 0; ui < kUPS; ++ui) {
+          wait_and_produce(bar_empty_b + 8 * b_stage, b_phase ^ 1);
+          const uint32_t dst = smem + S::kOffBufB + b_stage * S::kBufB + (n_local >> 3) * 1024 + r7 * 128;
+          if (p.flags & kFlagNoConvB) {
+            // experiment only
+          } else if constexpr (!Tr::kFp4) {
+            const int h = ui;
+            uint4 q[4];
+#pragma unroll
+            for (int t = 0; t < 4; ++t) q[t] = Lds128(raw + (((4 * h + t) ^ r7) << 4));
+            uint32_t m1[2], m2[2];
+            bool any_big = false;
+#pragma unroll
+            for (int gi = 0; gi < 2; ++gi) {
+              const int gis = 2 * h + gi;
+              const uint32_t sv = Lds8(sfb + gis);
+              bool big;
+              ScaleToMul<V>(sv, slab * Tr::kGroupsPerSlab + gis < p.k_groups, m1[gi], m2[gi], big);
+              any_big |= big;
+            }
+            any_big = __any_sync(0xFFFFFFFFu, any_big);
+#pragma unroll
+            for (int s = 0; s < 4; ++s) {
+              uint32_t lo[4], hi[4];
+#pragma unroll
+              for (int t = 0; t < 4; ++t) {
+                const uint32_t w = (s == 0) ? q[t].x : (s == 1) ? q[t].y : (s == 2) ? q[t].z : q[t].w;
+                uint32_t a0, a1;
+                Fp8WordToRaw<V>(w, a0, a1);
+                const int gi = t >> 1;
+                a0 = MulBF16x2(a0, m1[gi]);
+                a1 = MulBF16x2(a1, m1[gi]);
+                if (any_big) {
+                  a0 = MulBF16x2(a0, m2[gi]);
+                  a1 = MulBF16x2(a1, m2[gi]);
+                }
+                lo[t] = a0;
+                hi[t] = a1;
+              }
+              Sts128(dst + (((2 * s) ^ r7) << 4), lo[0], lo[1], lo[2], lo[3]);
+              Sts128(dst + (((2 * s + 1) ^ r7) << 4), hi[0], hi[1], hi[2], hi[3]);
+            }
+          } else {
+            const int h = ui >> 1, u = ui & 1;
+            uint2 q2[4];
+#pragma unroll
+            for (int t = 0; t < 4; ++t) q2[t] = Lds64(raw + (((4 * h + t) ^ r7) << 4) + 8 * u);
+            uint32_t m1[4], sv[4];
+            bool any_big = false;
+#pragma unroll
+            for (int t = 0; t < 4; ++t) {
+              const int gis = GroupInSlab<V>(ui, t);
+              sv[t] = Lds8(sfb + (gis >> 2) * 512 + (gis & 3));
+              uint32_t m2d;
+              bool big;
+              ScaleToMul<V>(sv[t], slab * Tr::kGroupsPerSlab + gis < p.k_groups, m1[t], m2d, big);
+              any_big |= big;
+            }
+            any_big = __any_sync(0xFFFFFFFFu, any_big);
+#pragma unroll
+            for (int ww = 0; ww < 2; ++ww) {
+              uint32_t pr[4][4];  // [pair][t]
+#pragma unroll
+              for (int t = 0; t < 4; ++t) {
+                const uint32_t x = ww == 0 ? q2[t].x : q2[t].y;
+                uint32_t a[4];
+                Fp4WordToRaw(x, a[0], a[1], a[2], a[3]);
+#pragma unroll
+                for (int j = 0; j < 4; ++j) pr[j][t] = MulBF16x2(a[j], m1[t]);
+                if (any_big) {
+                  const int gis = GroupInSlab<V>(ui, t);
+                  uint32_t m1d, m2;
+                  bool big;
+                  ScaleToMul<V>(sv[t], slab * Tr::kGroupsPerSlab + gis < p.k_groups, m1d, m2, big);
+#pragma unroll
+                  for (int j = 0; j < 4; ++j) pr[j][t] = MulBF16x2(pr[j][t], m2);
+                }
+              }
+              // pairs of word ww: (s=2ww,h=0),(2ww,1),(2ww+1,0),(2ww+1,1); chunk = 2s+h.
+#pragma unroll
+              for (int j = 0; j < 4; ++j) {
+                const int chunk = 2 * (2 * ww + (j >> 1)) + (j & 1);
+                Sts128(dst + ((chunk ^ r7) << 4), pr[j][0], pr[j][1], pr[j][2], pr[j][3]);
+              }
+            }
+          }
+          FenceProxyAsync();
+          __syncwarp();
+          if (lane == 0) MbarArrive(bar_full_b + 8 * b_stage);
+          if (++b_stage == kBStages) { b_stage = 0; b_phase ^= 1; }
+        }
+        __syncwarp();
+        if (lane == 0) MbarArrive(bar_empty_raw + 8 * r_stage);
+        if (++r_stage == kRawStages) { r_stage = 0; r_phase ^= 1; }
+      }
+    }
+  } else {
+    // ======================= WG1, WG2: consumers =======================
+    SetMaxNReg<224>();
+    const int wg = warp_idx / 4 - 1;
+    const int warp = warp_idx & 3;
+    const int g = lane >> 2;
+    const int t = lane & 3;
+    int r_stage = 0, r_phase = 0, b_stage = 0, b_phase = 0;
+    float amax_run = 0.0f;
+    int cur_l = -1;
+    const bool do_amax = (p.flags & kFlagNoAmax) == 0;
+
+    float acc[MI][64];
+
+    for (int tile = blockIdx.x; tile < p.tiles_total; tile += gridDim.x) {
+      const TileCoord tc = DecodeTile(p, tile);
+      if (tc.l != cur_l) {
+        if (cur_l >= 0 && do_amax) FlushAmax(amax_run, p.amax, cur_l);
+        amax_run = 0.0f;
+        cur_l = tc.l;
+      }
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int i = 0; i < 64; ++i) acc[mi][i] = 0.0f;
+
+      for (int slab = 0; slab < nslabs; ++slab) {
+        MbarWait(bar_full_raw + 8 * r_stage, r_phase);
+        const uint32_t raw_a = smem + S::kOffRawA + r_stage * S::kRawA;
+        const uint32_t sfa = smem + S::kOffSfA + r_stage * S::kSfA;
+        // Preload this thread's A codes and scale bytes of the whole slab, then release the raw
+        // stage at once so the producer can refill it while the MMAs run.
+        constexpr int RW = Tr::kFp4 ? 2 : 4;
+        uint32_t rawall[kUPS][MI][2][RW];
+        uint32_t svp[kUPS];  // scale bytes of (mi, rr) packed into one word per unit
+#pragma unroll
+        for (int ui = 0; ui < kUPS; ++ui) {
+          const int gis = GroupInSlab<V>(ui, t);
+          const int chunk = Tr::kFp4 ? 4 * (ui >> 1) + t : 4 * ui + t;
+          svp[ui] = 0u;
+#pragma unroll
+          for (int mi = 0; mi < MI; ++mi) {
+#pragma unroll
+            for (int rr = 0; rr < 2; ++rr) {
+              const int row = wg * 64 * MI + mi * 64 + warp * 16 + g + rr * 8;
+              const uint32_t addr = raw_a + row * 128 + ((chunk ^ (row & 7)) << 4);
+              if constexpr (!Tr::kFp4) {
+                const uint4 q = Lds128(addr);
+                rawall[ui][mi][rr][0] = q.x; rawall[ui][mi][rr][1] = q.y;
+                rawall[ui][mi][rr][RW - 2] = q.z; rawall[ui][mi][rr][RW - 1] = q.w;
+              } else {
+                const uint2 q = Lds64(addr + 8 * (ui & 1));
+                rawall[ui][mi][rr][0] = q.x; rawall[ui][mi][rr][1] = q.y;
+              }
+              const uint32_t sv = Lds8(sfa + ((row >> 7) * kNSB + (gis >> 2)) * 512 + SfInBlock(row, gis & 3));
+              svp[ui] |= sv << (8 * (mi * 2 + rr));
+            }
+          }
+        }
+        __syncwarp();
+        if (lane == 0) MbarArrive(bar_empty_raw + 8 * r_stage);
+#pragma unroll
+        for (int ui = 0; ui < kUPS; ++ui) {
+          const int gis = GroupInSlab<V>(ui, t);
+          const bool gvalid = slab * Tr::kGroupsPerSlab + gis < p.k_groups;
+          uint32_t m1v[MI][2], m2v[MI][2];
+          bool any_big = false;
+#pragma unroll
+          for (int mi = 0; mi < MI; ++mi) {
+#pragma unroll
+            for (int rr = 0; rr < 2; ++rr) {
+              bool big;
+              ScaleToMul<V>((svp[ui] >> (8 * (mi * 2 + rr))) & 0xFFu, gvalid, m1v[mi][rr], m2v[mi][rr], big);
+              any_big |= big;
+            }
+          }
+          any_big = __any_sync(0xFFFFFFFFu, any_big);
+          MbarWait(bar_full_b + 8 * b_stage, b_phase);
+          const uint32_t bufb = smem + S::kOffBufB + b_stage * S::kBufB;
+          auto& rawv = rawall[ui];
+
+          // ---- per m-tile: convert A fragments, issue 4 WGMMAs (the next m-tile converts while
+          //      these run; all fragments stay live until the final wait) ----
+          uint32_t frag[MI][4][4];  // [mi][kstep][reg]
+#pragma unroll
+          for (int mi = 0; mi < MI; ++mi) {
+            if (p.flags & kFlagNoConvA) {  // experiment only
+#pragma unroll
+              for (int s = 0; s < 4; ++s)
+#pragma unroll
+                for (int r = 0; r < 4; ++r) frag[mi][s][r] = rawv[mi][r & 1][s & (Tr::kFp4 ? 1 : 3)] ^ m1v[mi][r >> 1];
+            } else {
+#pragma unroll
+              for (int rr = 0; rr < 2; ++rr) {
+                uint32_t pr[4][2];  // [kstep][half]
+                if constexpr (!Tr::kFp4) {
+#pragma unroll
+                  for (int s = 0; s < 4; ++s) Fp8WordToRaw<V>(rawv[mi][rr][s], pr[s][0], pr[s][1]);
+                } else {
+#pragma unroll
+                  for (int w = 0; w < 2; ++w)
+                    Fp4WordToRaw(rawv[mi][rr][w], pr[2 * w][0], pr[2 * w][1], pr[2 * w + 1][0], pr[2 * w + 1][1]);
+                }
+#pragma unroll
+                for (int s = 0; s < 4; ++s) {
+#pragma unroll
+                  for (int hh = 0; hh < 2; ++hh) {
+                    uint32_t v = MulBF16x2(pr[s][hh], m1v[mi][rr]);
+                    if (any_big) v = MulBF16x2(v, m2v[mi][rr]);
+                    frag[mi][s][rr + 2 * hh] = v;
+                  }
+                }
+              }
+            }
+            if (!(p.flags & kFlagNoMma)) {
+              FenceOperand(acc[mi]);
+              WgmmaFence();
+#pragma unroll
+              for (int s = 0; s < 4; ++s) {
+                const uint32_t baddr = bufb + s * 32;
+                const uint64_t desc = (static_cast<uint64_t>((baddr & 0x3FFFF) >> 4)) | (static_cast<uint64_t>(1) << 16) |
+                                      (static_cast<uint64_t>(1024 >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
+                WgmmaRS_m64n128k16(acc[mi], frag[mi][s][0], frag[mi][s][1], frag[mi][s][2], frag[mi][s][3], desc);
+              }
+              WgmmaCommit();
+            }
+          }
+          if (!(p.flags & kFlagNoMma)) {
+            WgmmaWait<0>();
+#pragma unroll
+            for (int mi = 0; mi < MI; ++mi) FenceOperand(acc[mi]);
+          }
+          // Registers read by the (now retired) WGMMAs: keep them live until here so that ptxas
+          // cannot place later values on top of registers an in-flight WGMMA still reads.
+#pragma unroll
+          for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+            for (int s = 0; s < 4; ++s)
+#pragma unroll
+              for (int r = 0; r < 4; ++r) asm volatile("" ::"r"(frag[mi][s][r]));
+          __syncwarp();
+          if (lane == 0) MbarArrive(bar_empty_b + 8 * b_stage);
+          if (++b_stage == kBStages) { b_stage = 0; b_phase ^= 1; }
+        }
+        if (++r_stage == kRawStages) { r_stage = 0; r_phase ^= 1; }
+      }
+
+      // ---- epilogue: one straight-line path per output dtype (switch once per tile) ----
+      if (!(p.flags & kFlagNoEpilogue)) {
+        const int m0 = tc.mt * kBM + wg * 64 * MI + warp * 16 + g;
+        const int n0 = tc.nt * kBN + 2 * t;
+        const bool full = (tc.mt * kBM + kBM <= p.m) && (tc.nt * kBN + kBN <= p.n);
+        switch (p.c_type) {
+          case static_cast<int>(OutputType::kF32): Epilogue<0, MI, Tr::kFp4>(acc, p, tc.l, m0, n0, full, amax_run); break;
+          case static_cast<int>(OutputType::kF16): Epilogue<1, MI, Tr::kFp4>(acc, p, tc.l, m0, n0, full, amax_run); break;
+          case static_cast<int>(OutputType::kBF16): Epilogue<2, MI, Tr::kFp4>(acc, p, tc.l, m0, n0, full, amax_run); break;
+          case static_cast<int>(OutputType::kE4M3): Epilogue<3, MI, Tr::kFp4>(acc, p, tc.l, m0, n0, full, amax_run); break;
+          case static_cast<int>(OutputType::kE5M2): Epilogue<4, MI, Tr::kFp4>(acc, p, tc.l, m0, n0, full, amax_run); break;
+          default: Epilogue<5, MI, Tr::kFp4>(acc, p, tc.l, m0, n0, full, amax_run); break;
+        }
+      }
+    }
+    if (cur_l >= 0 && do_amax) FlushAmax(amax_run, p.amax, cur_l);
+  }
+}
+
+
+}  // namespace sm90
+}  // namespace jga

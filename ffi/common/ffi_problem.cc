@@ -87,10 +87,7 @@ ffi::Error DescribeProblem(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b, con
   if (p->k % sf_vec_size != 0) return Invalid("K must be a multiple of sf_vec_size");
   if (p->operand_row_bytes() % 16 != 0) return Invalid("rows of a and b must be 16-byte aligned");
 
-  const int64_t c_elem_bits = p->c_type == OutputType::kF32 ? 32
-                              : (p->c_type == OutputType::kF16 || p->c_type == OutputType::kBF16) ? 16
-                              : p->c_type == OutputType::kE2M1x2 ? 4 : 8;
-  if ((p->n * c_elem_bits) % 128 != 0) return Invalid("rows of c must be 16-byte aligned");
+  if ((p->n * OutputBits(p->c_type)) % 128 != 0) return Invalid("rows of c must be 16-byte aligned");
 
   const std::vector<int64_t> want_sfa = {p->batch, p->row_blocks(p->m), p->k_blocks(), 32, 4, 4};
   const std::vector<int64_t> want_sfb = {p->batch, p->row_blocks(p->n), p->k_blocks(), 32, 4, 4};

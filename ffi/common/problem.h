@@ -26,6 +26,19 @@ enum class OutputType : int32_t { kF32 = 0, kF16 = 1, kBF16 = 2, kE4M3 = 3, kE5M
 
 JGA_HOST_DEVICE constexpr int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Bits of one stored element of C (packed FP4 holds two per byte).
+JGA_HOST_DEVICE constexpr int OutputBits(OutputType t) {
+  switch (t) {
+    case OutputType::kF32: return 32;
+    case OutputType::kF16:
+    case OutputType::kBF16: return 16;
+    case OutputType::kE4M3:
+    case OutputType::kE5M2: return 8;
+    case OutputType::kE2M1x2: return 4;
+  }
+  return 0;
+}
+
 // Scale-factor layout constants (the cuBLAS / CUTLASS "128x4" block layout).
 inline constexpr int64_t kScaleRowsPerBlock = 128;   // rows (m or n) per scale block
 inline constexpr int64_t kScaleGroupsPerBlock = 4;   // K groups per scale block
@@ -60,6 +73,7 @@ struct GemmAmaxProblem {
   JGA_HOST_DEVICE int64_t c_row_storage_elems() const {
     return c_type == OutputType::kE2M1x2 ? n / 2 : n;
   }
+  JGA_HOST_DEVICE int64_t c_row_bytes() const { return n * OutputBits(c_type) / 8; }
 };
 
 // Offset of the scale of row `row` and K group `group` inside one batch item of a physical

@@ -129,15 +129,6 @@ void StoreRow(OutputType type, const float* src, int64_t count, void* dst_row, i
   }
 }
 
-int64_t OutputElemBytes(OutputType t) {
-  switch (t) {
-    case OutputType::kF32: return 4;
-    case OutputType::kF16:
-    case OutputType::kBF16: return 2;
-    default: return 1;
-  }
-}
-
 }  // namespace
 
 void Run(const GemmAmaxProblem& p, const GemmAmaxBuffers& buf) {
@@ -155,7 +146,7 @@ void Run(const GemmAmaxProblem& p, const GemmAmaxBuffers& buf) {
   const int64_t tiles_m = CeilDiv(p.m, kTileM);
   const int64_t tiles_n = CeilDiv(p.n, kTileN);
   std::vector<float> tile_amax(static_cast<size_t>(tiles_m * tiles_n));
-  const int64_t c_row_bytes = p.c_type == OutputType::kE2M1x2 ? p.n / 2 : p.n * OutputElemBytes(p.c_type);
+  const int64_t c_row_bytes = p.c_row_bytes();
 
   for (int64_t l = 0; l < p.batch; ++l) {
     const uint8_t* a_l = a_bytes + l * p.m * row_bytes;

@@ -48,18 +48,6 @@ Format FormatOf(const GemmAmaxProblem& p) {
   return Format::kInvalid;
 }
 
-int OutputBits(OutputType t) {
-  switch (t) {
-    case OutputType::kF32: return 32;
-    case OutputType::kF16:
-    case OutputType::kBF16: return 16;
-    case OutputType::kE4M3:
-    case OutputType::kE5M2: return 8;
-    case OutputType::kE2M1x2: return 4;
-  }
-  return 0;
-}
-
 bool IsWideOutput(OutputType t) {
   return t == OutputType::kF32 || t == OutputType::kF16 || t == OutputType::kBF16;
 }

@@ -191,18 +191,6 @@ class RuntimeOutputEpilogueImpl {
     return FusionCallbacks::initialize_workspace(problem_shape, args.thread, workspace, stream, cuda_adapter);
   }
 
-  static int OutputBits(OutputType t) {
-    switch (t) {
-      case OutputType::kF32: return 32;
-      case OutputType::kF16:
-      case OutputType::kBF16: return 16;
-      case OutputType::kE4M3:
-      case OutputType::kE5M2: return 8;
-      case OutputType::kE2M1x2: return 4;
-    }
-    return 0;
-  }
-
   template <class ProblemShape>
   static bool can_implement(ProblemShape const& problem_shape, Arguments const& args) {
     auto problem_shape_mnkl = append<4>(problem_shape, 1);

@@ -25,18 +25,6 @@ int VariantOf(const GemmAmaxProblem& p) {
   return -1;
 }
 
-int OutputBytesTimes2(OutputType t) {  // storage bytes per element, times 2
-  switch (t) {
-    case OutputType::kF32: return 8;
-    case OutputType::kF16:
-    case OutputType::kBF16: return 4;
-    case OutputType::kE4M3:
-    case OutputType::kE5M2: return 2;
-    case OutputType::kE2M1x2: return 1;
-  }
-  return 0;
-}
-
 PFN_cuTensorMapEncodeTiled_v12000 GetEncodeFn() {
   static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
   static std::once_flag once;
@@ -87,10 +75,9 @@ const char* Unsupported(const GemmAmaxProblem& p) {
   }
   if (p.k % p.sf_vec_size != 0) return "sm90: K must be a multiple of sf_vec_size";
   if (p.operand_row_bytes() % 16 != 0) return "sm90: A/B rows must be 16-byte aligned (K%16 for fp8, K%32 for fp4)";
-  const int ob2 = OutputBytesTimes2(p.c_type);
-  if (ob2 == 0) return "sm90: unsupported output dtype";
+  if (OutputBits(p.c_type) == 0) return "sm90: unsupported output dtype";
   if (p.c_type == OutputType::kE2M1x2 && p.n % 2 != 0) return "sm90: packed fp4 C needs even N";
-  if ((p.n * ob2 / 2) % 16 != 0) return "sm90: C rows must be 16-byte aligned";
+  if (p.c_row_bytes() % 16 != 0) return "sm90: C rows must be 16-byte aligned";
   if (p.m > (1ll << 31) - 512 || p.n > (1ll << 31) - 512 || p.batch > (1 << 30)) return "sm90: dimension too large";
   if (p.operand_row_bytes() >= (1ll << 32)) return "sm90: K too large";
   const long long tm = CeilDiv(p.m, 128), tn = CeilDiv(p.n, 128);

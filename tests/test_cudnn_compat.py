@@ -1,6 +1,7 @@
 """The cuDNN-frontend compatibility layer: NVIDIA's usage snippets run with only the import changed,
 every entry point against the float64 oracle, both scale layouts, torch interop, error paths."""
 
+import os
 import subprocess
 import sys
 
@@ -224,7 +225,8 @@ def test_error_paths(rng):
 
 def test_torch_is_not_imported():
     code = "import jax_gemm_amax, sys; assert 'torch' not in sys.modules"
-    subprocess.run([sys.executable, "-c", code], check=True)
+    # cwd: not the repository root, whose source tree would shadow the installed package.
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=os.path.dirname(os.path.abspath(__file__)))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -382,7 +382,10 @@ def test_sharded_parameters():
     env = dict(os.environ)
     env.pop("XLA_FLAGS", None)
     env["JAX_PLATFORMS"] = "cpu"  # the virtual devices are CPU ones, also on a GPU machine
-    run = subprocess.run([sys.executable, "-c", _SHARDED], capture_output=True, text=True, env=env, timeout=300)
+    run = subprocess.run(  # cwd: not the repository root, whose source tree would shadow the package
+        [sys.executable, "-c", _SHARDED], capture_output=True, text=True, env=env, timeout=300,
+        cwd=os.path.dirname(os.path.abspath(__file__)),
+    )
     assert run.returncode == 0 and run.stdout.strip().endswith("OK"), run.stdout + run.stderr
 
 

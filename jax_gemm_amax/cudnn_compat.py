@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._problem import FP4_OPERAND, PACKED_FP4, canonical_dtype
-from .layout import _PHYSICAL_FROM_LOGICAL, is_logical_shape
+from .layout import PHYSICAL_FROM_LOGICAL, is_logical_shape
 from .ops import GemmAmaxResult, gemm_amax
 
 __all__ = ["GemmAmaxSm100", "TupleDict", "gemm_amax_jax_sm100", "gemm_amax_wrapper_sm100"]
@@ -179,7 +179,7 @@ def _scales(x, name: str) -> _Operand:
         x = _as_jax(x)
         return _Operand(x, None, seed_shape, str(x.dtype), "-")
     if is_logical_shape(x.shape):
-        x = x.permute(*_PHYSICAL_FROM_LOGICAL)
+        x = x.permute(*PHYSICAL_FROM_LOGICAL)
     return _Operand(_from_torch(x, name), None, seed_shape, str(x.dtype), "-")
 
 

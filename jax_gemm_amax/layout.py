@@ -20,6 +20,8 @@ import jax.numpy as jnp
 from ._problem import SCALE_ATOM, SCALE_GROUPS_PER_BLOCK, SCALE_ROWS_PER_BLOCK, scale_shape
 
 __all__ = [
+    "LOGICAL_FROM_PHYSICAL",
+    "PHYSICAL_FROM_LOGICAL",
     "scale_shape",
     "scale_index",
     "physical_from_plain",
@@ -29,8 +31,10 @@ __all__ = [
     "as_physical",
 ]
 
-_LOGICAL_FROM_PHYSICAL = (3, 4, 1, 5, 2, 0)
-_PHYSICAL_FROM_LOGICAL = (5, 2, 4, 0, 1, 3)
+# Axis permutations between the physical layout and the seed's logical view (for any array
+# library's transpose/permute).
+LOGICAL_FROM_PHYSICAL = (3, 4, 1, 5, 2, 0)
+PHYSICAL_FROM_LOGICAL = (5, 2, 4, 0, 1, 3)
 # (L, MN', G', 32, 4, 4) <-> (L, MN', 4, 32, G', 4): swapping axes 2 and 4 is its own inverse.
 _BLOCKED_FROM_PHYSICAL = (0, 1, 4, 3, 2, 5)
 
@@ -75,14 +79,14 @@ def plain_from_physical(physical, rows: int, groups: int):
 
 def physical_from_logical(logical):
     """The seed's logical view ``(32, 4, MN', 4, G', L)`` -> ``(L, MN', G', 32, 4, 4)``."""
-    return jnp.transpose(logical, _PHYSICAL_FROM_LOGICAL)
+    return jnp.transpose(logical, PHYSICAL_FROM_LOGICAL)
 
 
 def logical_from_physical(physical):
     """``(L, MN', G', 32, 4, 4)`` (or 5-D without L) -> the seed's ``(32, 4, MN', 4, G', L)``."""
     if physical.ndim == 5:
         physical = physical[None]
-    return jnp.transpose(physical, _LOGICAL_FROM_PHYSICAL)
+    return jnp.transpose(physical, LOGICAL_FROM_PHYSICAL)
 
 
 def is_logical_shape(shape) -> bool:

@@ -377,8 +377,8 @@ _SHARDED = textwrap.dedent(
 def test_sharded_parameters():
     """Kernel and bias sharded over a 'model' axis, inputs over 'data' (4 CPU devices, Auto
     sharding): same loss, gradients and amax as unsharded, gradients keep the kernel's sharding.
-    gemm_amax has no sharding rule yet, so XLA gathers its operands; nothing in the layer
-    (no host callback, no device_get) stands in the way of one."""
+    The three GEMMs go through gemm_amax's partitioning rule (jax_gemm_amax/sharding.py); the
+    layer adds no host callback or device_get that would stand in its way."""
     env = dict(os.environ)
     env.pop("XLA_FLAGS", None)
     env["JAX_PLATFORMS"] = "cpu"  # the virtual devices are CPU ones, also on a GPU machine

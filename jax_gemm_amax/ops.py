@@ -11,9 +11,10 @@ import numpy as np
 
 from . import formats
 from ._problem import FP4_OPERAND, PACKED_FP4, Problem, check_problem
-from .layout import as_physical, plain_from_physical
+from .layout import as_physical
 from . import sharding  # noqa: F401  (registers gemm_amax_p's partitioned lowering)
 from .primitive import gemm_amax_p
+from .quantize import dequantize_physical
 
 __all__ = ["GemmAmaxResult", "gemm_amax", "reference_gemm_amax"]
 
@@ -34,6 +35,11 @@ class _Call:
     sfb: jax.Array
     c_dtype: np.dtype
     c_major: str
+
+    @property
+    def kernel_c_dtype(self) -> np.dtype:
+        """What the kernel writes: float4_e2m1fn C comes out packed in uint8 and is unpacked after."""
+        return PACKED_FP4 if self.c_dtype == FP4_OPERAND else self.c_dtype
     tiler: tuple[int, int]
     cluster: tuple[int, int]
 
@@ -99,24 +105,13 @@ def gemm_amax(
         a, b, sfa, sfb, c_dtype=c_dtype, sf_vec_size=sf_vec_size, c_major=c_major, acc_dtype=acc_dtype,
         mma_tiler_mn=mma_tiler_mn, cluster_shape_mn=cluster_shape_mn,
     )
-    kernel_c_dtype = PACKED_FP4 if call.c_dtype == FP4_OPERAND else call.c_dtype
     # C^T = B A^T: a transposed output is the same kernel with the operands swapped.
     a, b, sfa, sfb = (call.b, call.a, call.sfb, call.sfa) if c_major == "m" else (call.a, call.b, call.sfa, call.sfb)
     c, amax = gemm_amax_p.bind(
-        a, b, sfa, sfb, c_dtype=kernel_c_dtype, sf_vec_size=sf_vec_size,
+        a, b, sfa, sfb, c_dtype=call.kernel_c_dtype, sf_vec_size=sf_vec_size,
         tile_m=call.tiler[0], tile_n=call.tiler[1], cluster_m=call.cluster[0], cluster_n=call.cluster[1],
     )
     return _finish(call, c, amax)
-
-
-def _dequantize_operand(call: _Call, values, scales, rows: int):
-    if np.dtype(values.dtype) == PACKED_FP4:
-        values = formats.e2m1_values(formats.unpack_fp4(values))
-    else:
-        values = formats.decode_fp8(values)
-    sfv = call.problem.sf_vec_size
-    plain = formats.decode_scales(plain_from_physical(scales, rows, call.problem.k // sfv))
-    return values * jnp.repeat(plain, sfv, axis=-1)
 
 
 def reference_gemm_amax(
@@ -138,12 +133,11 @@ def reference_gemm_amax(
         a, b, sfa, sfb, c_dtype=c_dtype, sf_vec_size=sf_vec_size, c_major=c_major, acc_dtype=acc_dtype,
         mma_tiler_mn=mma_tiler_mn, cluster_shape_mn=cluster_shape_mn,
     )
-    a32 = _dequantize_operand(call, call.a, call.sfa, call.problem.m)
-    b32 = _dequantize_operand(call, call.b, call.sfb, call.problem.n)
+    a32 = dequantize_physical(call.a, call.sfa, sf_vec_size)
+    b32 = dequantize_physical(call.b, call.sfb, sf_vec_size)
     acc = jnp.einsum("lmk,lnk->lmn", a32, b32, precision=jax.lax.Precision.HIGHEST,
                      preferred_element_type=jnp.float32)
     amax = jnp.max(jnp.abs(acc), axis=(1, 2))
     if c_major == "m":
         acc = jnp.swapaxes(acc, 1, 2)
-    kernel_c_dtype = PACKED_FP4 if call.c_dtype == FP4_OPERAND else call.c_dtype
-    return _finish(call, formats.saturating_cast(acc, kernel_c_dtype), amax)
+    return _finish(call, formats.saturating_cast(acc, call.kernel_c_dtype), amax)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -67,6 +66,18 @@ def quantize(x, fmt: str = "mxfp8_e4m3", *, packed: bool = True):
     return q, physical
 
 
+def dequantize_physical(q, scales, sf_vec_size: int):
+    """float32 ``q * scales`` for validated operands: ``q`` FP8 or packed FP4 (uint8), ``(L, rows,
+    Kb)`` or ``(rows, Kb)``, and its physical scales. The one dequantization of the library."""
+    if np.dtype(q.dtype) == PACKED_FP4:
+        values = formats.e2m1_values(formats.unpack_fp4(q))
+    else:
+        values = formats.decode_fp8(q)
+    rows, k = values.shape[-2:]
+    plain = formats.decode_scales(plain_from_physical(scales, rows, k // sf_vec_size))
+    return values * jnp.repeat(plain, sf_vec_size, axis=-1)
+
+
 def dequantize(q, scales, sf_vec_size: int = 32, *, dtype=jnp.float32):
     """Inverse of :func:`quantize`: ``q`` (``(rows, K)`` or ``(L, rows, K)``; packed ``uint8``
     FP4 has ``K // 2`` bytes) times its scales (physical or the seed's logical layout)."""
@@ -75,18 +86,11 @@ def dequantize(q, scales, sf_vec_size: int = 32, *, dtype=jnp.float32):
         raise ValueError(f"q: must be (rows, K) or (L, rows, K), got shape {q.shape}")
     if sf_vec_size not in (16, 32):
         raise ValueError(f"sf_vec_size must be 16 or 32, got {sf_vec_size!r}")
-    qdtype = np.dtype(q.dtype)
-    if qdtype == PACKED_FP4:
-        values = formats.e2m1_values(formats.unpack_fp4(q))
-    else:
-        values = formats.decode_fp8(q)
-    rows, k = values.shape[-2:]
+    rows, k = q.shape[-2], q.shape[-1] * (2 if np.dtype(q.dtype) == PACKED_FP4 else 1)
     if k % sf_vec_size:
         raise ValueError(f"q: K={k} must be a multiple of sf_vec_size={sf_vec_size}")
     scales = as_physical(scales, batched=q.ndim == 3)
     want = scale_shape(rows, k, sf_vec_size, q.shape[0] if q.ndim == 3 else None)
     if tuple(scales.shape) != want:
         raise ValueError(f"scales: expected shape {want}, got {tuple(scales.shape)}")
-    plain = formats.decode_scales(plain_from_physical(scales, rows, k // sf_vec_size))
-    out = values * jnp.repeat(plain, sf_vec_size, axis=-1)
-    return out.astype(canonical_dtype(dtype, "dtype"))
+    return dequantize_physical(q, scales, sf_vec_size).astype(canonical_dtype(dtype, "dtype"))

@@ -134,11 +134,8 @@ def _local_gemm_amax(a, b, sfa, sfb, c_dtype, sf_vec_size, tile_m, tile_n, clust
 
 def _plan_from_shapes(c_dtype, sf_vec_size, mesh, arg_shapes, c_sharding):
     a, b = arg_shapes[0], arg_shapes[1]
-    k_groups = arg_shapes[2].shape[2] * SCALE_GROUPS_PER_BLOCK  # whole scale K-blocks (>= K / sfv)
     k = a.shape[2] * (2 if np.dtype(a.dtype) == PACKED_FP4 else 1)
-    if k_groups != k // sf_vec_size:  # the last scale K-block is partial: K cannot split on blocks
-        k_groups = 1
-    return _plan(mesh, a.shape, b.shape, k_groups, c_dtype, a.sharding, b.sharding, c_sharding)
+    return _plan(mesh, a.shape, b.shape, k // sf_vec_size, c_dtype, a.sharding, b.sharding, c_sharding)
 
 
 def _infer_sharding_from_operands(c_dtype, sf_vec_size, tile_m, tile_n, cluster_m, cluster_n, mesh, arg_shapes, result_shape):

@@ -45,10 +45,9 @@ def _check(result, p, c_dtype, c_major="n"):
     if c.ndim == 2:
         c = c[None]
     if c_major == "m":
-        c = np.swapaxes(c, 1, 2) if c_dtype != "uint8" else None
-    if c is not None:
-        assert_c = npref.assert_c_close
-        assert_c(c, c_dtype, ref, abssum)
+        assert c_dtype != "uint8", "packed C^T is packed along M: compare it unpacked"
+        c = np.swapaxes(c, 1, 2)
+    npref.assert_c_close(c, c_dtype, ref, abssum)
     np.testing.assert_allclose(float(result.amax), np.max(amax), rtol=2e-5)
     assert result.amax.dtype == jnp.float32 and result.amax.shape == ()
 

@@ -34,7 +34,7 @@ template <int kExpBits, int kManBits, int kBias>
 struct MiniFloat {
   static constexpr int kMinNormalExp = 1 - kBias;
 
-  JGA_HOST_DEVICE static float Decode(uint32_t code, float max_finite) {
+  JGA_HOST_DEVICE static float Decode(uint32_t code) {
     const uint32_t sign = (code >> (kExpBits + kManBits)) & 1u;
     const uint32_t exp = (code >> kManBits) & ((1u << kExpBits) - 1u);
     const uint32_t man = code & ((1u << kManBits) - 1u);
@@ -44,7 +44,6 @@ struct MiniFloat {
     } else {
       mag = ldexpf(static_cast<float>((1u << kManBits) | man), static_cast<int>(exp) - kBias - kManBits);
     }
-    (void)max_finite;
     return sign ? -mag : mag;
   }
 
@@ -80,7 +79,7 @@ inline constexpr float kE2M1Max = 6.0f;
 
 JGA_HOST_DEVICE float DecodeE4M3(uint8_t c) {
   if ((c & 0x7F) == 0x7F) return NAN;
-  return E4M3::Decode(c, kE4M3Max);
+  return E4M3::Decode(c);
 }
 
 JGA_HOST_DEVICE float DecodeE5M2(uint8_t c) {
@@ -88,10 +87,10 @@ JGA_HOST_DEVICE float DecodeE5M2(uint8_t c) {
     if (c & 0x03) return NAN;
     return (c & 0x80) ? -INFINITY : INFINITY;
   }
-  return E5M2::Decode(c, kE5M2Max);
+  return E5M2::Decode(c);
 }
 
-JGA_HOST_DEVICE float DecodeE2M1(uint8_t nibble) { return E2M1::Decode(nibble & 0xF, kE2M1Max); }
+JGA_HOST_DEVICE float DecodeE2M1(uint8_t nibble) { return E2M1::Decode(nibble & 0xF); }
 
 // e8m0: 2^(c - 127); 0xFF is NaN.
 JGA_HOST_DEVICE float DecodeE8M0(uint8_t c) {

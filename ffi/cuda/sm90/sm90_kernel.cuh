@@ -81,6 +81,9 @@ constexpr int kFlagNoMma = 2;    // experiment: consumers skip WGMMA (wrong resu
 constexpr int kFlagNoConvB = 4;  // experiment: converter skips B conversion (wrong results)
 constexpr int kFlagNoConvA = 8;  // experiment: consumers skip A conversion (wrong results)
 constexpr int kFlagNoEpilogue = 16;  // experiment: no C stores, no amax (wrong results)
+constexpr int kFlagRawOnly = 32;     // experiment: only the raw ring (wait full, release) runs
+constexpr int kFlagNoScales = 64;    // experiment: producer skips the scale-block copies
+constexpr int kFlagNoBLoad = 128;    // experiment: producer skips the B tile
 constexpr int kBN = 128;
 
 template <int V, int MI>
@@ -118,6 +121,17 @@ __device__ __forceinline__ void MbarInit(uint32_t bar, uint32_t count) {
 __device__ __forceinline__ void MbarArrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 }
+// Predicated arrive (no branch: see FlushAmax).
+__device__ __forceinline__ void MbarArriveIf(uint32_t bar, bool pred) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.u32 p, %1, 0;\n"
+      "@p mbarrier.arrive.shared::cta.b64 _, [%0];\n"
+      "}\n" ::"r"(bar),
+      "r"(static_cast<uint32_t>(pred))
+      : "memory");
+}
 __device__ __forceinline__ void MbarArriveExpectTx(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
 }
@@ -138,6 +152,21 @@ __device__ __forceinline__ bool MbarTryWait(uint32_t bar, uint32_t parity) {
       "{\n"
       ".reg .pred P1;\n"
       "mbarrier.try_wait.parity.shared::cta.b64 P1, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, P1;\n"
+      "}\n"
+      : "=r"(ok)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return ok != 0;
+}
+// Non-blocking probe: never suspends the thread (mbarrier.try_wait may sleep until the phase
+// completes, which deadlocks a polling producer until the hardware time limit expires).
+__device__ __forceinline__ bool MbarTestWait(uint32_t bar, uint32_t parity) {
+  uint32_t ok;
+  asm volatile(
+      "{\n"
+      ".reg .pred P1;\n"
+      "mbarrier.test_wait.parity.shared::cta.b64 P1, [%1], %2;\n"
       "selp.u32 %0, 1, 0, P1;\n"
       "}\n"
       : "=r"(ok)
@@ -358,9 +387,17 @@ __device__ __forceinline__ void StorePair(void* c, int c_type, size_t idx, float
 __device__ __forceinline__ void FlushAmax(float m, float* amax, int l) {
   uint32_t bits = __float_as_uint(m) & 0x7FFFFFFFu;
   bits = __reduce_max_sync(0xFFFFFFFFu, bits);
-  if ((threadIdx.x & 31) == 0 && bits != 0u) {
-    atomicMax(reinterpret_cast<unsigned int*>(amax) + l, bits);
-  }
+  // A predicated reduction, not a branch: a divergent branch in the consumer's tile loop makes
+  // ptxas serialize every WGMMA of the kernel (C7518).
+  const uint32_t leader = ((threadIdx.x & 31) == 0 && bits != 0u) ? 1u : 0u;
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.u32 p, %2, 0;\n"
+      "@p red.relaxed.gpu.global.max.u32 [%0], %1;\n"
+      "}\n" ::"l"(reinterpret_cast<unsigned int*>(amax) + l),
+      "r"(bits), "r"(leader)
+      : "memory");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -451,7 +488,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t bar_full_b = bar_empty_raw + 8 * kRawStages;
   const uint32_t bar_empty_b = bar_full_b + 8 * kBStages;
 
-  const int warp_idx = threadIdx.x / 32;
+  // Broadcast from lane 0 so that ptxas can prove the role branches warp-uniform: WGMMA inside a
+  // path it considers divergent gets serialized (a wait after every instruction, ptxas C7518).
+  const int warp_idx = __shfl_sync(0xFFFFFFFFu, static_cast<int>(threadIdx.x / 32), 0);
   const int lane = threadIdx.x & 31;
 
   if (threadIdx.x == 0) {
@@ -480,15 +519,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Producer: issues every slab whose ring slot is free, without blocking (it shares warp 0
     // with the converter, so it is polled from every wait loop of warp 0).
     auto produce = [&]() {
-      while (p_tile < p.tiles_total && MbarTryWait(bar_empty_raw + 8 * p_stage, p_phase ^ 1)) {
+      while (p_tile < p.tiles_total && MbarTestWait(bar_empty_raw + 8 * p_stage, p_phase ^ 1)) {
         const TileCoord pc = DecodeTile(p, p_tile);
         const uint32_t fb = bar_full_raw + 8 * p_stage;
-        MbarArriveExpectTx(fb, S::kTxBytes);
+        const bool skip_sf = p.flags & kFlagNoScales, skip_b = p.flags & kFlagNoBLoad;
+        MbarArriveExpectTx(fb, S::kTxBytes - (skip_sf ? S::kSfA + S::kSfB : 0) - (skip_b ? S::kRawB : 0));
         TmaLoad3D(smem + S::kOffRawA + p_stage * S::kRawA, &tm_a, fb, p_slab * 128, pc.mt * kBM, pc.l);
-        TmaLoad3D(smem + S::kOffRawB + p_stage * S::kRawB, &tm_b, fb, p_slab * 128, pc.nt * kBN, pc.l);
+        if (!skip_b) TmaLoad3D(smem + S::kOffRawB + p_stage * S::kRawB, &tm_b, fb, p_slab * 128, pc.nt * kBN, pc.l);
         // Scale blocks: each 512 bytes = 128 rows x 4 groups, contiguous in the physical layout.
 #pragma unroll
         for (int j = 0; j < kNSB; ++j) {
+          if (skip_sf) break;
           const int kb4 = min(p_slab * kNSB + j, p.k_blocks - 1);
 #pragma unroll
           for (int i = 0; i < MI; ++i) {
@@ -506,7 +547,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     auto wait_and_produce = [&](uint32_t bar, uint32_t parity) {
       if (warp_idx == 0) {
-        while (!MbarTryWait(bar, parity)) {
+        while (!MbarTestWait(bar, parity)) {
           if (is_producer) produce();
         }
       } else {
@@ -519,6 +560,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         __syncwarp();
         // ---- convert the B slab, one 64-K unit (one bf16 buffer) at a time ----
         wait_and_produce(bar_full_raw + 8 * r_stage, r_phase);
+        if (p.flags & kFlagRawOnly) {
+          __syncwarp();
+          if (lane == 0) MbarArrive(bar_empty_raw + 8 * r_stage);
+          if (++r_stage == kRawStages) { r_stage = 0; r_phase ^= 1; }
+          continue;
+        }
         const uint32_t raw = smem + S::kOffRawB + r_stage * S::kRawB + n_local * 128;
         const uint32_t sfb = smem + S::kOffSfB + r_stage * S::kSfB + SfInBlock(n_local, 0);
 #pragma unroll 1
@@ -629,8 +676,28 @@ __global__ void __launch_bounds__(kThreads, 1)
     float amax_run = 0.0f;
     int cur_l = -1;
     const bool do_amax = (p.flags & kFlagNoAmax) == 0;
+    const bool do_mma = (p.flags & kFlagNoMma) == 0;
 
     float acc[MI][64];
+    // Software pipeline over MMA "steps" (one step = one 64-K unit x one 64-row slice): step s
+    // converts its A fragment into frag[s & 1] while the WGMMAs of step s-1 (the other buffer) run,
+    // then issues its own and waits for step s-1 only. Both buffers are loop-carried and read by an
+    // empty asm after the wait that retires them: ptxas does not track registers an in-flight RS
+    // WGMMA reads and would otherwise place new values on top of them.
+    uint32_t frag[2][4][4];
+#pragma unroll
+    for (int b = 0; b < 2; ++b)
+#pragma unroll
+      for (int s = 0; s < 4; ++s)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) frag[b][s][r] = 0u;
+    auto keep_alive = [](const uint32_t (&f)[4][4]) {
+#pragma unroll
+      for (int s = 0; s < 4; ++s)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) asm volatile("" ::"r"(f[s][r]));
+    };
+    int inflight_b_stage = -1;  // B stage of the unit whose last WGMMA group may still run
 
     for (int tile = blockIdx.x; tile < p.tiles_total; tile += gridDim.x) {
       const TileCoord tc = DecodeTile(p, tile);
@@ -646,6 +713,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 
       for (int slab = 0; slab < nslabs; ++slab) {
         MbarWait(bar_full_raw + 8 * r_stage, r_phase);
+        if (p.flags & kFlagRawOnly) {
+          __syncwarp();
+          MbarArriveIf(bar_empty_raw + 8 * r_stage, lane == 0);
+          if (++r_stage == kRawStages) { r_stage = 0; r_phase ^= 1; }
+          continue;
+        }
         const uint32_t raw_a = smem + S::kOffRawA + r_stage * S::kRawA;
         const uint32_t sfa = smem + S::kOffSfA + r_stage * S::kSfA;
         // Preload this thread's A codes and scale bytes of the whole slab, then release the raw
@@ -678,37 +751,40 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         }
         __syncwarp();
-        if (lane == 0) MbarArrive(bar_empty_raw + 8 * r_stage);
+        MbarArriveIf(bar_empty_raw + 8 * r_stage, lane == 0);
 #pragma unroll
         for (int ui = 0; ui < kUPS; ++ui) {
           const int gis = GroupInSlab<V>(ui, t);
           const bool gvalid = slab * Tr::kGroupsPerSlab + gis < p.k_groups;
-          uint32_t m1v[MI][2], m2v[MI][2];
-          bool any_big = false;
-#pragma unroll
-          for (int mi = 0; mi < MI; ++mi) {
-#pragma unroll
-            for (int rr = 0; rr < 2; ++rr) {
-              bool big;
-              ScaleToMul<V>((svp[ui] >> (8 * (mi * 2 + rr))) & 0xFFu, gvalid, m1v[mi][rr], m2v[mi][rr], big);
-              any_big |= big;
-            }
-          }
-          any_big = __any_sync(0xFFFFFFFFu, any_big);
-          MbarWait(bar_full_b + 8 * b_stage, b_phase);
           const uint32_t bufb = smem + S::kOffBufB + b_stage * S::kBufB;
           auto& rawv = rawall[ui];
 
-          // ---- per m-tile: convert A fragments, issue 4 WGMMAs (the next m-tile converts while
-          //      these run; all fragments stay live until the final wait) ----
-          uint32_t frag[MI][4][4];  // [mi][kstep][reg]
 #pragma unroll
           for (int mi = 0; mi < MI; ++mi) {
+            // Buffer of this step: steps alternate buffers (kUPS is even, so the parity of the
+            // unit index is the parity of the step when MI == 1).
+            const int fb = (MI == 2) ? mi : (ui & 1);
+            uint32_t (&f)[4][4] = frag[fb];
+            // Pin the conversion below the previous step's wait (asm volatile statements keep their
+            // order): hoisted above it, its results would need registers besides frag[fb]'s.
+#pragma unroll
+            for (int rr = 0; rr < 2; ++rr)
+#pragma unroll
+              for (int w = 0; w < RW; ++w) asm volatile("" : "+r"(rawv[mi][rr][w]));
+            uint32_t m1v[2], m2v[2];
+            bool any_big = false;
+#pragma unroll
+            for (int rr = 0; rr < 2; ++rr) {
+              bool big;
+              ScaleToMul<V>((svp[ui] >> (8 * (mi * 2 + rr))) & 0xFFu, gvalid, m1v[rr], m2v[rr], big);
+              any_big |= big;
+            }
+            any_big = __any_sync(0xFFFFFFFFu, any_big);
             if (p.flags & kFlagNoConvA) {  // experiment only
 #pragma unroll
               for (int s = 0; s < 4; ++s)
 #pragma unroll
-                for (int r = 0; r < 4; ++r) frag[mi][s][r] = rawv[mi][r & 1][s & (Tr::kFp4 ? 1 : 3)] ^ m1v[mi][r >> 1];
+                for (int r = 0; r < 4; ++r) f[s][r] = rawv[mi][r & 1][s & (Tr::kFp4 ? 1 : 3)] ^ m1v[r >> 1];
             } else {
 #pragma unroll
               for (int rr = 0; rr < 2; ++rr) {
@@ -725,14 +801,15 @@ __global__ void __launch_bounds__(kThreads, 1)
                 for (int s = 0; s < 4; ++s) {
 #pragma unroll
                   for (int hh = 0; hh < 2; ++hh) {
-                    uint32_t v = MulBF16x2(pr[s][hh], m1v[mi][rr]);
-                    if (any_big) v = MulBF16x2(v, m2v[mi][rr]);
-                    frag[mi][s][rr + 2 * hh] = v;
+                    uint32_t v = MulBF16x2(pr[s][hh], m1v[rr]);
+                    if (any_big) v = MulBF16x2(v, m2v[rr]);
+                    f[s][rr + 2 * hh] = v;
                   }
                 }
               }
             }
-            if (!(p.flags & kFlagNoMma)) {
+            if (mi == 0) MbarWait(bar_full_b + 8 * b_stage, b_phase);
+            if (do_mma) {
               FenceOperand(acc[mi]);
               WgmmaFence();
 #pragma unroll
@@ -740,30 +817,32 @@ __global__ void __launch_bounds__(kThreads, 1)
                 const uint32_t baddr = bufb + s * 32;
                 const uint64_t desc = (static_cast<uint64_t>((baddr & 0x3FFFF) >> 4)) | (static_cast<uint64_t>(1) << 16) |
                                       (static_cast<uint64_t>(1024 >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
-                WgmmaRS_m64n128k16(acc[mi], frag[mi][s][0], frag[mi][s][1], frag[mi][s][2], frag[mi][s][3], desc);
+                WgmmaRS_m64n128k16(acc[mi], f[s][0], f[s][1], f[s][2], f[s][3], desc);
               }
               WgmmaCommit();
             }
+            WgmmaWait<1>();  // retires step s-1
+            keep_alive(frag[fb ^ 1]);
+            // Step s-1 was the last step of the previous unit: its B buffer is free.
+            if (mi == 0) {
+              __syncwarp();
+              MbarArriveIf(bar_empty_b + 8 * inflight_b_stage, lane == 0 && inflight_b_stage >= 0);
+            }
           }
-          if (!(p.flags & kFlagNoMma)) {
-            WgmmaWait<0>();
-#pragma unroll
-            for (int mi = 0; mi < MI; ++mi) FenceOperand(acc[mi]);
-          }
-          // Registers read by the (now retired) WGMMAs: keep them live until here so that ptxas
-          // cannot place later values on top of registers an in-flight WGMMA still reads.
-#pragma unroll
-          for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-            for (int s = 0; s < 4; ++s)
-#pragma unroll
-              for (int r = 0; r < 4; ++r) asm volatile("" ::"r"(frag[mi][s][r]));
-          __syncwarp();
-          if (lane == 0) MbarArrive(bar_empty_b + 8 * b_stage);
+          inflight_b_stage = b_stage;
           if (++b_stage == kBStages) { b_stage = 0; b_phase ^= 1; }
         }
         if (++r_stage == kRawStages) { r_stage = 0; r_phase ^= 1; }
       }
+      // Drain the pipeline before the accumulators are read.
+      WgmmaWait<0>();
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi) FenceOperand(acc[mi]);
+      keep_alive(frag[0]);
+      keep_alive(frag[1]);
+      __syncwarp();
+      MbarArriveIf(bar_empty_b + 8 * inflight_b_stage, lane == 0 && inflight_b_stage >= 0);
+      inflight_b_stage = -1;
 
       // ---- epilogue: one straight-line path per output dtype (switch once per tile) ----
       if (!(p.flags & kFlagNoEpilogue)) {

@@ -624,6 +624,40 @@ static void Experiments(int64_t M, int64_t N, int64_t K, int iters) {
   d.Free();
 }
 
+static void OneConfig(int64_t M, int64_t N, int64_t K, int tile, int flags, int iters) {
+  GemmAmaxProblem p;
+  p.batch = 1; p.m = M; p.n = N; p.k = K;
+  p.ab_type = OperandType::kE4M3; p.sf_type = ScaleType::kE8M0; p.sf_vec_size = 32; p.c_type = OutputType::kBF16;
+  DevBufs d;
+  const size_t sfab = p.scale_batch_stride(M), sfbb = p.scale_batch_stride(N);
+  CK(cudaMalloc(&d.a, M * K)); CK(cudaMalloc(&d.b, N * K));
+  CK(cudaMalloc(&d.sfa, sfab)); CK(cudaMalloc(&d.sfb, sfbb));
+  CK(cudaMalloc(&d.c, M * N * 2)); CK(cudaMalloc(&d.amax, 4));
+  FillRandomE4M3<<<1024, 256>>>(d.a, M * K, 1);
+  FillRandomE4M3<<<1024, 256>>>(d.b, N * K, 2);
+  FillScalesDev<<<256, 256>>>(d.sfa, sfab, 3);
+  FillScalesDev<<<256, 256>>>(d.sfb, sfbb, 4);
+  sm90::LaunchOptions o;
+  o.force_tile_m = tile;
+  o.experiment_flags = flags;
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
+  std::vector<float> ts;
+  for (int i = 0; i < iters; ++i) {
+    CK(cudaEventRecord(e0));
+    CK(sm90::LaunchWithOptions(p, Bufs(d), 0, o));
+    CK(cudaEventRecord(e1));
+    CK(cudaEventSynchronize(e1));
+    float ms;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    ts.push_back(ms);
+  }
+  const double med = Median(ts);
+  printf("one %lldx%lldx%lld tile=%d flags=%d %8.3f ms %8.1f TF/s\n", (long long)M, (long long)N, (long long)K, tile, flags,
+         med, 2.0 * M * N * K / (med * 1e-3) / 1e12);
+  d.Free();
+}
+
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "test";
   if (mode == "test") {
@@ -644,6 +678,11 @@ int main(int argc, char** argv) {
   if (mode == "exp") {
     Experiments(8192, 8192, 8192, 10);
     Experiments(16384, 8192, 1024, 10);
+    return 0;
+  }
+  if (mode == "one") {  // one M N K tile flags iters: a single configuration (for ncu)
+    if (argc < 8) return 2;
+    OneConfig(atoll(argv[2]), atoll(argv[3]), atoll(argv[4]), atoi(argv[5]), atoi(argv[6]), atoi(argv[7]));
     return 0;
   }
   if (mode == "bench") {

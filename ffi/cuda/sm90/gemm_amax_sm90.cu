@@ -39,8 +39,6 @@ PFN_cuTensorMapEncodeTiled_v12000 GetEncodeFn() {
   return fn;
 }
 
-constexpr int kMaxDevices = 64;
-
 int SmCount(int dev) {
   static std::atomic<int> cache[kMaxDevices] = {};
   if (dev >= 0 && dev < kMaxDevices && cache[dev].load() > 0) return cache[dev].load();
@@ -65,6 +63,11 @@ bool EncodeOperandMap(CUtensorMap* map, const void* ptr, uint64_t kbytes, uint64
 }
 
 }  // namespace
+
+int& MaxActiveClusters(int device, int variant, int mi) {
+  static int table[kMaxDevices][5][2] = {};
+  return table[device][variant][mi - 1];
+}
 
 const char* Unsupported(const GemmAmaxProblem& p) {
   if (p.batch < 1 || p.m < 1 || p.n < 1 || p.k < 1) return "sm90: L, M, N and K must be >= 1";
@@ -106,8 +109,9 @@ cudaError_t LaunchWithOptions(const GemmAmaxProblem& p, const GemmAmaxBuffers& b
   if (err != cudaSuccess) return err;
   const int sms = SmCount(dev);
 
-  // Tile height: 256 unless 128 fills the machine noticeably better (small M*N).
-  const long long tn = CeilDiv(p.n, 128);
+  // Tile height: 256 unless 128 fills the machine noticeably better (small M*N). n-tiles are
+  // scheduled in groups of kCluster (one cluster tile).
+  const long long tn = CeilDiv(CeilDiv(p.n, 128), kCluster) * kCluster;
   auto wave_eff = [&](long long tiles) {
     const long long waves = (tiles + sms - 1) / sms;
     return static_cast<double>(tiles) / static_cast<double>(waves * sms);
@@ -120,8 +124,9 @@ cudaError_t LaunchWithOptions(const GemmAmaxProblem& p, const GemmAmaxBuffers& b
 
   LaunchCtx ctx;
   const uint64_t kbytes = static_cast<uint64_t>(p.operand_row_bytes());
-  if (!EncodeOperandMap(&ctx.tm_a, buf.a, kbytes, p.m, p.batch, 128 * mi)) return cudaErrorInvalidValue;
-  if (!EncodeOperandMap(&ctx.tm_b, buf.b, kbytes, p.n, p.batch, 128)) return cudaErrorInvalidValue;
+  const uint32_t box_a = std::min(128 * mi / kCluster, kBoxRows), box_b = std::min(128, kBoxRows);
+  if (!EncodeOperandMap(&ctx.tm_a, buf.a, kbytes, p.m, p.batch, box_a)) return cudaErrorInvalidValue;
+  if (!EncodeOperandMap(&ctx.tm_b, buf.b, kbytes, p.n, p.batch, box_b)) return cudaErrorInvalidValue;
 
   KParams& k = ctx.params;
   k.m = static_cast<int>(p.m);
@@ -140,12 +145,14 @@ cudaError_t LaunchWithOptions(const GemmAmaxProblem& p, const GemmAmaxBuffers& b
   k.amax = buf.amax;
   k.c_type = static_cast<int>(p.c_type);
   k.flags = (opt.skip_amax ? kFlagNoAmax : 0) | (opt.experiment_flags & ~kFlagNoAmax);
+  k.trace = opt.trace;
   k.tiles_m = static_cast<int>(CeilDiv(p.m, 128 * mi));
-  k.tiles_n = static_cast<int>(tn);
+  k.tiles_n = static_cast<int>(tn / kCluster);
   k.tiles_per_batch = k.tiles_m * k.tiles_n;
   k.tiles_total = k.tiles_per_batch * k.l;
-  ctx.grid = std::min(k.tiles_total, sms);
+  ctx.grid = std::min(k.tiles_total, sms / kCluster) * kCluster;
   ctx.mi = mi;
+  ctx.device = dev;
   ctx.stream = stream;
 
   switch (VariantOf(p)) {

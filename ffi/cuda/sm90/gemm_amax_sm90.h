@@ -26,6 +26,7 @@ struct LaunchOptions {
   bool skip_amax = false;  // leave amax untouched (measures the reduction's cost)
   int force_tile_m = 0;    // 0: heuristic; 128 or 256 forces the CTA tile height
   int experiment_flags = 0;  // internal timing experiments (see sm90_kernel.cuh kFlag*); results are wrong
+  unsigned long long* trace = nullptr;  // device counters, used by -DJGA_SM90_TRACE builds only
 };
 cudaError_t LaunchWithOptions(const GemmAmaxProblem& p, const GemmAmaxBuffers& buf, cudaStream_t stream,
                               const LaunchOptions& opt);

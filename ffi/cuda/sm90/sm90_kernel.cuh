@@ -70,11 +70,26 @@ struct KParams {
   float* amax;
   int c_type;
   int flags;           // bit 0: skip amax
+  unsigned long long* trace;  // JGA_SM90_TRACE builds only: kTraceSlots cycle counters
   int tiles_m, tiles_n;
   int tiles_per_batch, tiles_total;
 };
 
-constexpr int kThreads = 384;
+constexpr int kThreads = 512;
+// CTAs are launched in clusters of kCluster along N: the CTAs of a cluster share one m-tile and
+// take adjacent n-tiles; each loads 1/kCluster of the A slab and multicasts it to all of them,
+// which cuts the L2->SM traffic per CTA from (A + B) to (A / kCluster + B). (The raw loads alone
+// are L2-bandwidth bound without it: 48 KB per 128-K slab per SM.)
+#ifndef JGA_SM90_CLUSTER
+#define JGA_SM90_CLUSTER 1
+#endif
+constexpr int kCluster = JGA_SM90_CLUSTER;
+// Rows per TMA box (A and B slabs are loaded as several boxes of this many 128-byte rows).
+#ifndef JGA_SM90_BOX_ROWS
+#define JGA_SM90_BOX_ROWS 64
+#endif
+constexpr int kBoxRows = JGA_SM90_BOX_ROWS;
+static_assert(kCluster == 1 || kCluster == 2 || kCluster == 4, "cluster size");
 // KParams::flags bits.
 constexpr int kFlagNoAmax = 1;
 constexpr int kFlagNoMma = 2;    // experiment: consumers skip WGMMA (wrong results)
@@ -84,6 +99,7 @@ constexpr int kFlagNoEpilogue = 16;  // experiment: no C stores, no amax (wrong 
 constexpr int kFlagRawOnly = 32;     // experiment: only the raw ring (wait full, release) runs
 constexpr int kFlagNoScales = 64;    // experiment: producer skips the scale-block copies
 constexpr int kFlagNoBLoad = 128;    // experiment: producer skips the B tile
+constexpr int kFlagNoFence = 256;    // experiment: converter skips the proxy fence (unsafe)
 constexpr int kBN = 128;
 
 template <int V, int MI>
@@ -108,6 +124,34 @@ struct Smem {
   static constexpr int kBytes = kOffBar + kNumBars * 8;
   static constexpr int kDynBytes = kBytes + 1024;  // slack for 1024-byte alignment
   static constexpr uint32_t kTxBytes = kRawA + kRawB + kSfA + kSfB;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Timing trace (harness builds with -DJGA_SM90_TRACE only; compiled out otherwise): cycles one
+// thread of each role spends in each wait, summed over CTAs.
+constexpr int kTraceSlots = 12;
+enum TraceSlot : int {
+  kTrConvWaitRaw = 0, kTrConvWaitEmptyB, kTrConvTotal, kTrProducerWait,
+  kTrConsWaitRaw = 4, kTrConsWaitFullB, kTrConsWaitMma, kTrConsTotal, kTrConsEpilogue, kTrProducerIssue,
+  kTrConvFence = 10, kTrConvWork,
+};
+struct Tracer {
+#ifdef JGA_SM90_TRACE
+  long long acc[kTraceSlots] = {};
+  long long t0 = 0;
+  __device__ __forceinline__ void Start() { t0 = clock64(); }
+  __device__ __forceinline__ void Stop(int slot) { acc[slot] += clock64() - t0; }
+  __device__ __forceinline__ void Add(int slot, long long v) { acc[slot] += v; }
+  __device__ __forceinline__ void Flush(unsigned long long* out, bool leader) {
+    if (leader && out != nullptr)
+      for (int i = 0; i < kTraceSlots; ++i) atomicAdd(out + i, static_cast<unsigned long long>(acc[i]));
+  }
+#else
+  __device__ __forceinline__ void Start() {}
+  __device__ __forceinline__ void Stop(int) {}
+  __device__ __forceinline__ void Add(int, long long) {}
+  __device__ __forceinline__ void Flush(unsigned long long*, bool) {}
+#endif
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -179,6 +223,42 @@ __device__ __forceinline__ void TmaLoad3D(uint32_t dst, const CUtensorMap* map, 
       "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
       : "memory");
+}
+__device__ __forceinline__ void TmaLoad3DMulticast(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1,
+                                                   int c2, uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%3, %4, %5}], [%2], %6;" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "h"(cta_mask)
+      : "memory");
+}
+// Arrives (if pred) on the mbarrier at offset `bar` in every CTA of the cluster (predicated, no
+// branch: see FlushAmax).
+__device__ __forceinline__ void MbarArriveClusterIf(uint32_t bar, bool pred) {
+#pragma unroll
+  for (int c = 0; c < kCluster; ++c) {
+    if constexpr (kCluster == 1) {
+      MbarArriveIf(bar, pred);
+    } else {
+      uint32_t remote;
+      asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(bar), "r"(c));
+      asm volatile(
+          "{\n"
+          ".reg .pred p;\n"
+          "setp.ne.u32 p, %1, 0;\n"
+          "@p mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n"
+          "}\n" ::"r"(remote),
+          "r"(static_cast<uint32_t>(pred))
+          : "memory");
+    }
+  }
+}
+__device__ __forceinline__ void ClusterSync() {
+  if constexpr (kCluster > 1) asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+__device__ __forceinline__ uint32_t ClusterCtaRank() {
+  uint32_t r = 0;
+  if constexpr (kCluster > 1) asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
 }
 __device__ __forceinline__ void BulkLoad(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
@@ -494,9 +574,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int lane = threadIdx.x & 31;
 
   if (threadIdx.x == 0) {
+    // Bring the TMA descriptors (kernel parameters) into the descriptor cache once, so that the
+    // first loads do not wait for them.
+    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&tm_a)) : "memory");
+    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&tm_b)) : "memory");
     for (int s = 0; s < kRawStages; ++s) {
       MbarInit(bar_full_raw + 8 * s, 1);
-      MbarInit(bar_empty_raw + 8 * s, 12);  // 8 consumer warps + 4 converter warps
+      MbarInit(bar_empty_raw + 8 * s, 12 * kCluster);  // 8 consumer + 4 converter warps per CTA
     }
     for (int s = 0; s < kBStages; ++s) {
       MbarInit(bar_full_b + 8 * s, 4);
@@ -505,64 +589,92 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
+  ClusterSync();  // the peers' barriers are initialized before any multicast or remote arrive
+  const int rank = static_cast<int>(ClusterCtaRank());
+  const int cluster_id = blockIdx.x / kCluster;
+  const int num_clusters = gridDim.x / kCluster;
 
   const int nslabs = p.num_kslabs;
 
   if (warp_idx < 4) {
-    // ======================= WG0: producer (thread 0) + B converter (all 128 threads) ==========
-    SetMaxNReg<56>();
-    const int n_local = threadIdx.x;  // row of the B tile this thread converts
-    int p_tile = blockIdx.x, p_slab = 0, p_stage = 0, p_phase = 0;
-    int r_stage = 0, r_phase = 0, b_stage = 0, b_phase = 0;
-    const bool is_producer = (threadIdx.x == 0);
-    const int r7 = n_local & 7;
-    // Producer: issues every slab whose ring slot is free, without blocking (it shares warp 0
-    // with the converter, so it is polled from every wait loop of warp 0).
-    auto produce = [&]() {
-      while (p_tile < p.tiles_total && MbarTestWait(bar_empty_raw + 8 * p_stage, p_phase ^ 1)) {
-        const TileCoord pc = DecodeTile(p, p_tile);
-        const uint32_t fb = bar_full_raw + 8 * p_stage;
-        const bool skip_sf = p.flags & kFlagNoScales, skip_b = p.flags & kFlagNoBLoad;
-        MbarArriveExpectTx(fb, S::kTxBytes - (skip_sf ? S::kSfA + S::kSfB : 0) - (skip_b ? S::kRawB : 0));
-        TmaLoad3D(smem + S::kOffRawA + p_stage * S::kRawA, &tm_a, fb, p_slab * 128, pc.mt * kBM, pc.l);
-        if (!skip_b) TmaLoad3D(smem + S::kOffRawB + p_stage * S::kRawB, &tm_b, fb, p_slab * 128, pc.nt * kBN, pc.l);
-        // Scale blocks: each 512 bytes = 128 rows x 4 groups, contiguous in the physical layout.
+    // ======================= WG0: producer (one thread) =======================
+    // A warpgroup of its own: issuing a slab's copies takes ~2000 cycles of this thread (measured
+    // with JGA_SM90_TRACE), which must not delay the B conversion or the MMAs.
+    SetMaxNReg<24>();
+    if (threadIdx.x == 0) {
+      Tracer tr;
+      int stage = 0, phase = 0;
+      for (int tile = cluster_id; tile < p.tiles_total; tile += num_clusters) {
+        const TileCoord pc = DecodeTile(p, tile);
+        for (int slab = 0; slab < nslabs; ++slab) {
+          tr.Start();
+          MbarWait(bar_empty_raw + 8 * stage, phase ^ 1);
+          tr.Stop(kTrProducerWait);
+          tr.Start();
+          const uint32_t fb = bar_full_raw + 8 * stage;
+          const bool skip_sf = p.flags & kFlagNoScales, skip_b = p.flags & kFlagNoBLoad;
+          MbarArriveExpectTx(fb, S::kTxBytes - (skip_sf ? S::kSfA + S::kSfB : 0) - (skip_b ? S::kRawB : 0));
+          const int my_nt = pc.nt * kCluster + rank;
+          constexpr int kPartRows = kBM / kCluster;  // rows of the A slab this CTA loads for all
+          const uint32_t dst_a = smem + S::kOffRawA + stage * S::kRawA + rank * kPartRows * 128;
+          constexpr int kBoxA = kPartRows < kBoxRows ? kPartRows : kBoxRows;  // as the host encodes
+          constexpr int kBoxB = kBN < kBoxRows ? kBN : kBoxRows;
 #pragma unroll
-        for (int j = 0; j < kNSB; ++j) {
-          if (skip_sf) break;
-          const int kb4 = min(p_slab * kNSB + j, p.k_blocks - 1);
-#pragma unroll
-          for (int i = 0; i < MI; ++i) {
-            const int rb = min(pc.mt * MI + i, p.row_blocks_a - 1);
-            const uint8_t* src = p.sfa + pc.l * p.sfa_batch_stride + (static_cast<long long>(rb) * p.k_blocks + kb4) * 512;
-            BulkLoad(smem + S::kOffSfA + p_stage * S::kSfA + (i * kNSB + j) * 512, src, 512, fb);
+          for (int bx = 0; bx < kPartRows / kBoxA; ++bx) {
+            const uint32_t dst = dst_a + bx * kBoxA * 128;
+            const int row = pc.mt * kBM + rank * kPartRows + bx * kBoxA;
+            if constexpr (kCluster > 1) {
+              TmaLoad3DMulticast(dst, &tm_a, fb, slab * 128, row, pc.l, static_cast<uint16_t>((1u << kCluster) - 1));
+            } else {
+              TmaLoad3D(dst, &tm_a, fb, slab * 128, row, pc.l);
+            }
           }
-          const int rbb = min(pc.nt, p.row_blocks_b - 1);
-          const uint8_t* srcb = p.sfb + pc.l * p.sfb_batch_stride + (static_cast<long long>(rbb) * p.k_blocks + kb4) * 512;
-          BulkLoad(smem + S::kOffSfB + p_stage * S::kSfB + j * 512, srcb, 512, fb);
+#pragma unroll
+          for (int bx = 0; bx < kBN / kBoxB; ++bx) {
+            if (skip_b) break;
+            TmaLoad3D(smem + S::kOffRawB + stage * S::kRawB + bx * kBoxB * 128, &tm_b, fb, slab * 128,
+                      my_nt * kBN + bx * kBoxB, pc.l);
+          }
+          // Scale blocks: each 512 bytes = 128 rows x 4 groups, contiguous in the physical layout.
+#pragma unroll
+          for (int j = 0; j < kNSB; ++j) {
+            if (skip_sf) break;
+            const int kb4 = min(slab * kNSB + j, p.k_blocks - 1);
+#pragma unroll
+            for (int i = 0; i < MI; ++i) {
+              const int rb = min(pc.mt * MI + i, p.row_blocks_a - 1);
+              const uint8_t* src = p.sfa + pc.l * p.sfa_batch_stride + (static_cast<long long>(rb) * p.k_blocks + kb4) * 512;
+              BulkLoad(smem + S::kOffSfA + stage * S::kSfA + (i * kNSB + j) * 512, src, 512, fb);
+            }
+            const int rbb = min(my_nt, p.row_blocks_b - 1);
+            const uint8_t* srcb = p.sfb + pc.l * p.sfb_batch_stride + (static_cast<long long>(rbb) * p.k_blocks + kb4) * 512;
+            BulkLoad(smem + S::kOffSfB + stage * S::kSfB + j * 512, srcb, 512, fb);
+          }
+          tr.Stop(kTrProducerIssue);
+          if (++stage == kRawStages) { stage = 0; phase ^= 1; }
         }
-        if (++p_stage == kRawStages) { p_stage = 0; p_phase ^= 1; }
-        if (++p_slab == nslabs) { p_slab = 0; p_tile += gridDim.x; }
       }
-    };
-    auto wait_and_produce = [&](uint32_t bar, uint32_t parity) {
-      if (warp_idx == 0) {
-        while (!MbarTestWait(bar, parity)) {
-          if (is_producer) produce();
-        }
-      } else {
-        MbarWait(bar, parity);
-      }
-    };
-    for (int tile = blockIdx.x; tile < p.tiles_total; tile += gridDim.x) {
+      tr.Flush(p.trace, true);
+    }
+  } else if (warp_idx < 8) {
+    // ======================= WG1: B converter =======================
+    SetMaxNReg<56>();
+    const int n_local = threadIdx.x - 128;  // row of the B tile this thread converts
+    int r_stage = 0, r_phase = 0, b_stage = 0, b_phase = 0;
+    const int r7 = n_local & 7;
+    Tracer tr;
+#ifdef JGA_SM90_TRACE
+    const long long conv_t0 = clock64();
+#endif
+    for (int tile = cluster_id; tile < p.tiles_total; tile += num_clusters) {
       for (int slab = 0; slab < nslabs; ++slab) {
-        if (is_producer) produce();
-        __syncwarp();
         // ---- convert the B slab, one 64-K unit (one bf16 buffer) at a time ----
-        wait_and_produce(bar_full_raw + 8 * r_stage, r_phase);
+        tr.Start();
+        MbarWait(bar_full_raw + 8 * r_stage, r_phase);
+        tr.Stop(kTrConvWaitRaw);
         if (p.flags & kFlagRawOnly) {
           __syncwarp();
-          if (lane == 0) MbarArrive(bar_empty_raw + 8 * r_stage);
+          MbarArriveClusterIf(bar_empty_raw + 8 * r_stage, lane == 0);
           if (++r_stage == kRawStages) { r_stage = 0; r_phase ^= 1; }
           continue;
         }
@@ -570,7 +682,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint32_t sfb = smem + S::kOffSfB + r_stage * S::kSfB + SfInBlock(n_local, 0);
 #pragma unroll 1
         for (int ui = 0; ui < kUPS; ++ui) {
-          wait_and_produce(bar_empty_b + 8 * b_stage, b_phase ^ 1);
+          tr.Start();
+          MbarWait(bar_empty_b + 8 * b_stage, b_phase ^ 1);
+          tr.Stop(kTrConvWaitEmptyB);
+          tr.Start();
           const uint32_t dst = smem + S::kOffBufB + b_stage * S::kBufB + (n_local >> 3) * 1024 + r7 * 128;
           if (p.flags & kFlagNoConvB) {
             // experiment only
@@ -655,20 +770,27 @@ __global__ void __launch_bounds__(kThreads, 1)
               }
             }
           }
-          FenceProxyAsync();
+          tr.Stop(kTrConvWork);
+          tr.Start();
+          if (!(p.flags & kFlagNoFence)) FenceProxyAsync();
           __syncwarp();
           if (lane == 0) MbarArrive(bar_full_b + 8 * b_stage);
+          tr.Stop(kTrConvFence);
           if (++b_stage == kBStages) { b_stage = 0; b_phase ^= 1; }
         }
         __syncwarp();
-        if (lane == 0) MbarArrive(bar_empty_raw + 8 * r_stage);
+        MbarArriveClusterIf(bar_empty_raw + 8 * r_stage, lane == 0);
         if (++r_stage == kRawStages) { r_stage = 0; r_phase ^= 1; }
       }
     }
+#ifdef JGA_SM90_TRACE
+    tr.Add(kTrConvTotal, clock64() - conv_t0);
+#endif
+    tr.Flush(p.trace, threadIdx.x == 128);
   } else {
-    // ======================= WG1, WG2: consumers =======================
-    SetMaxNReg<224>();
-    const int wg = warp_idx / 4 - 1;
+    // ======================= WG2, WG3: consumers =======================
+    SetMaxNReg<216>();  // 128 x 24 + 128 x 56 + 256 x 216 = 64 K registers
+    const int wg = warp_idx / 4 - 2;
     const int warp = warp_idx & 3;
     const int g = lane >> 2;
     const int t = lane & 3;
@@ -698,8 +820,23 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int r = 0; r < 4; ++r) asm volatile("" ::"r"(f[s][r]));
     };
     int inflight_b_stage = -1;  // B stage of the unit whose last WGMMA group may still run
+    // Slab-invariant parts of this thread's A and scale addresses: rows row0 + mi*64 + rr*8.
+    const int row0 = wg * 64 * MI + warp * 16 + g;
+    const uint32_t a_row_off = static_cast<uint32_t>(row0) * 128u;
+    uint32_t sf_row_off[MI][2];
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        const int row = row0 + mi * 64 + rr * 8;
+        sf_row_off[mi][rr] = static_cast<uint32_t>((row >> 7) * kNSB * 512) + SfInBlock(row, 0);
+      }
+    Tracer tr;
+#ifdef JGA_SM90_TRACE
+    const long long cons_t0 = clock64();
+#endif
 
-    for (int tile = blockIdx.x; tile < p.tiles_total; tile += gridDim.x) {
+    for (int tile = cluster_id; tile < p.tiles_total; tile += num_clusters) {
       const TileCoord tc = DecodeTile(p, tile);
       if (tc.l != cur_l) {
         if (cur_l >= 0 && do_amax) FlushAmax(amax_run, p.amax, cur_l);
@@ -712,52 +849,53 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int i = 0; i < 64; ++i) acc[mi][i] = 0.0f;
 
       for (int slab = 0; slab < nslabs; ++slab) {
+        tr.Start();
         MbarWait(bar_full_raw + 8 * r_stage, r_phase);
+        tr.Stop(kTrConsWaitRaw);
         if (p.flags & kFlagRawOnly) {
           __syncwarp();
-          MbarArriveIf(bar_empty_raw + 8 * r_stage, lane == 0);
+          MbarArriveClusterIf(bar_empty_raw + 8 * r_stage, lane == 0);
           if (++r_stage == kRawStages) { r_stage = 0; r_phase ^= 1; }
           continue;
         }
         const uint32_t raw_a = smem + S::kOffRawA + r_stage * S::kRawA;
         const uint32_t sfa = smem + S::kOffSfA + r_stage * S::kSfA;
-        // Preload this thread's A codes and scale bytes of the whole slab, then release the raw
-        // stage at once so the producer can refill it while the MMAs run.
         constexpr int RW = Tr::kFp4 ? 2 : 4;
-        uint32_t rawall[kUPS][MI][2][RW];
-        uint32_t svp[kUPS];  // scale bytes of (mi, rr) packed into one word per unit
-#pragma unroll
-        for (int ui = 0; ui < kUPS; ++ui) {
-          const int gis = GroupInSlab<V>(ui, t);
-          const int chunk = Tr::kFp4 ? 4 * (ui >> 1) + t : 4 * ui + t;
-          svp[ui] = 0u;
-#pragma unroll
-          for (int mi = 0; mi < MI; ++mi) {
-#pragma unroll
-            for (int rr = 0; rr < 2; ++rr) {
-              const int row = wg * 64 * MI + mi * 64 + warp * 16 + g + rr * 8;
-              const uint32_t addr = raw_a + row * 128 + ((chunk ^ (row & 7)) << 4);
-              if constexpr (!Tr::kFp4) {
-                const uint4 q = Lds128(addr);
-                rawall[ui][mi][rr][0] = q.x; rawall[ui][mi][rr][1] = q.y;
-                rawall[ui][mi][rr][RW - 2] = q.z; rawall[ui][mi][rr][RW - 1] = q.w;
-              } else {
-                const uint2 q = Lds64(addr + 8 * (ui & 1));
-                rawall[ui][mi][rr][0] = q.x; rawall[ui][mi][rr][1] = q.y;
-              }
-              const uint32_t sv = Lds8(sfa + ((row >> 7) * kNSB + (gis >> 2)) * 512 + SfInBlock(row, gis & 3));
-              svp[ui] |= sv << (8 * (mi * 2 + rr));
-            }
-          }
-        }
-        __syncwarp();
-        MbarArriveIf(bar_empty_raw + 8 * r_stage, lane == 0);
-#pragma unroll
+        // Units run as a real loop (two at a time when MI == 1, so that the fragment buffer index
+        // stays a compile-time constant): fully unrolled, ptxas gives every step's fragments
+        // registers of their own and runs out of them (wgmma serialization, C7511, for fp4).
+        constexpr int kUnitUnroll = (MI == 2) ? 1 : 2;
+#pragma unroll kUnitUnroll
         for (int ui = 0; ui < kUPS; ++ui) {
           const int gis = GroupInSlab<V>(ui, t);
           const bool gvalid = slab * Tr::kGroupsPerSlab + gis < p.k_groups;
           const uint32_t bufb = smem + S::kOffBufB + b_stage * S::kBufB;
-          auto& rawv = rawall[ui];
+          // This unit's A codes (16 bytes per row: chunk `chunk` of the row, 128B-swizzled; every
+          // row of this thread has row % 8 == g) and scale bytes of (mi, rr) packed in svp.
+          const int chunk = Tr::kFp4 ? 4 * (ui >> 1) + t : 4 * ui + t;
+          const uint32_t a_addr = raw_a + a_row_off + (((chunk ^ g) << 4) | (Tr::kFp4 ? 8 * (ui & 1) : 0));
+          const uint32_t s_addr = sfa + (gis >> 2) * 512 + (gis & 3);
+          uint32_t rawv[MI][2][RW];
+          uint32_t svp = 0u;
+#pragma unroll
+          for (int mi = 0; mi < MI; ++mi) {
+#pragma unroll
+            for (int rr = 0; rr < 2; ++rr) {
+              const uint32_t addr = a_addr + (mi * 64 + rr * 8) * 128;
+              if constexpr (!Tr::kFp4) {
+                const uint4 q = Lds128(addr);
+                rawv[mi][rr][0] = q.x; rawv[mi][rr][1] = q.y; rawv[mi][rr][RW - 2] = q.z; rawv[mi][rr][RW - 1] = q.w;
+              } else {
+                const uint2 q = Lds64(addr);
+                rawv[mi][rr][0] = q.x; rawv[mi][rr][1] = q.y;
+              }
+              svp |= Lds8(s_addr + sf_row_off[mi][rr]) << (8 * (mi * 2 + rr));
+            }
+          }
+          if (ui == kUPS - 1) {  // the raw stage is no longer read by this warp
+            __syncwarp();
+            MbarArriveClusterIf(bar_empty_raw + 8 * r_stage, lane == 0);
+          }
 
 #pragma unroll
           for (int mi = 0; mi < MI; ++mi) {
@@ -776,7 +914,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
             for (int rr = 0; rr < 2; ++rr) {
               bool big;
-              ScaleToMul<V>((svp[ui] >> (8 * (mi * 2 + rr))) & 0xFFu, gvalid, m1v[rr], m2v[rr], big);
+              ScaleToMul<V>((svp >> (8 * (mi * 2 + rr))) & 0xFFu, gvalid, m1v[rr], m2v[rr], big);
               any_big |= big;
             }
             any_big = __any_sync(0xFFFFFFFFu, any_big);
@@ -808,7 +946,9 @@ __global__ void __launch_bounds__(kThreads, 1)
                 }
               }
             }
+            tr.Start();
             if (mi == 0) MbarWait(bar_full_b + 8 * b_stage, b_phase);
+            tr.Stop(kTrConsWaitFullB);
             if (do_mma) {
               FenceOperand(acc[mi]);
               WgmmaFence();
@@ -821,7 +961,9 @@ __global__ void __launch_bounds__(kThreads, 1)
               }
               WgmmaCommit();
             }
+            tr.Start();
             WgmmaWait<1>();  // retires step s-1
+            tr.Stop(kTrConsWaitMma);
             keep_alive(frag[fb ^ 1]);
             // Step s-1 was the last step of the previous unit: its B buffer is free.
             if (mi == 0) {
@@ -845,10 +987,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       inflight_b_stage = -1;
 
       // ---- epilogue: one straight-line path per output dtype (switch once per tile) ----
+      tr.Start();
       if (!(p.flags & kFlagNoEpilogue)) {
         const int m0 = tc.mt * kBM + wg * 64 * MI + warp * 16 + g;
-        const int n0 = tc.nt * kBN + 2 * t;
-        const bool full = (tc.mt * kBM + kBM <= p.m) && (tc.nt * kBN + kBN <= p.n);
+        const int nt = tc.nt * kCluster + rank;
+        const int n0 = nt * kBN + 2 * t;
+        const bool full = (tc.mt * kBM + kBM <= p.m) && (nt * kBN + kBN <= p.n);
         switch (p.c_type) {
           case static_cast<int>(OutputType::kF32): Epilogue<0, MI, Tr::kFp4>(acc, p, tc.l, m0, n0, full, amax_run); break;
           case static_cast<int>(OutputType::kF16): Epilogue<1, MI, Tr::kFp4>(acc, p, tc.l, m0, n0, full, amax_run); break;
@@ -858,9 +1002,16 @@ __global__ void __launch_bounds__(kThreads, 1)
           default: Epilogue<5, MI, Tr::kFp4>(acc, p, tc.l, m0, n0, full, amax_run); break;
         }
       }
+      tr.Stop(kTrConsEpilogue);
     }
     if (cur_l >= 0 && do_amax) FlushAmax(amax_run, p.amax, cur_l);
+#ifdef JGA_SM90_TRACE
+    tr.Add(kTrConsTotal, clock64() - cons_t0);
+#endif
+    tr.Flush(p.trace, threadIdx.x == 256);
   }
+  // No CTA may exit while a peer can still multicast into its shared memory or arrive on it.
+  ClusterSync();
 }
 
 

@@ -4,6 +4,8 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include "common/problem.h"
 #include "cuda/sm90/sm90_kernel.cuh"
 
@@ -14,10 +16,16 @@ struct LaunchCtx {
   CUtensorMap tm_a;
   CUtensorMap tm_b;
   KParams params;
-  int grid;
+  int grid;  // CTAs wanted (a multiple of kCluster); capped at launch by co-residency
   int mi;
+  int device;
   cudaStream_t stream;
 };
+
+// Per device and kernel: how many kCluster-CTA clusters fit on the GPU at once (a persistent grid
+// must be co-resident; not every SM can host a CTA of a cluster). Filled by Prepare*().
+constexpr int kMaxDevices = 64;
+int& MaxActiveClusters(int device, int variant, int mi);
 
 cudaError_t LaunchVariant0(const LaunchCtx& ctx);  // e4m3, e8m0/32
 cudaError_t LaunchVariant1(const LaunchCtx& ctx);  // e5m2, e8m0/32
@@ -34,17 +42,47 @@ cudaError_t PrepareVariant3();
 cudaError_t PrepareVariant4();
 
 template <int V, int MI>
+cudaLaunchConfig_t LaunchConfig(int grid, cudaStream_t stream, cudaLaunchAttribute* attr) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(grid, 1, 1);
+  cfg.blockDim = dim3(kThreads, 1, 1);
+  cfg.dynamicSmemBytes = Smem<V, MI>::kDynBytes;
+  cfg.stream = stream;
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = kCluster;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cfg;
+}
+
+template <int V, int MI>
 cudaError_t ConfigureKernel() {
   using S = Smem<V, MI>;
   static_assert(S::kDynBytes <= 227 * 1024, "shared memory budget");
-  return cudaFuncSetAttribute(GemmAmaxKernel<V, MI>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kDynBytes);
+  cudaError_t err = cudaFuncSetAttribute(GemmAmaxKernel<V, MI>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kDynBytes);
+  if (err != cudaSuccess) return err;
+  int dev = 0;
+  err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  cudaLaunchAttribute attr[1];
+  const cudaLaunchConfig_t cfg = LaunchConfig<V, MI>(kCluster * 1024, nullptr, attr);
+  int clusters = 0;
+  err = cudaOccupancyMaxActiveClusters(&clusters, GemmAmaxKernel<V, MI>, &cfg);
+  if (err != cudaSuccess) return err;
+  if (clusters <= 0) return cudaErrorInvalidConfiguration;
+  if (dev < kMaxDevices) MaxActiveClusters(dev, V, MI) = clusters;
+  return cudaSuccess;
 }
 
 template <int V, int MI>
 cudaError_t LaunchVariantMI(const LaunchCtx& ctx) {
-  using S = Smem<V, MI>;
-  GemmAmaxKernel<V, MI><<<ctx.grid, kThreads, S::kDynBytes, ctx.stream>>>(ctx.tm_a, ctx.tm_b, ctx.params);
-  return cudaGetLastError();
+  const int fit = ctx.device < kMaxDevices ? MaxActiveClusters(ctx.device, V, MI) : 0;
+  const int grid = fit > 0 ? std::min(ctx.grid, fit * kCluster) : ctx.grid;
+  cudaLaunchAttribute attr[1];
+  const cudaLaunchConfig_t cfg = LaunchConfig<V, MI>(grid, ctx.stream, attr);
+  return cudaLaunchKernelEx(&cfg, GemmAmaxKernel<V, MI>, ctx.tm_a, ctx.tm_b, ctx.params);
 }
 
 #define JGA_SM90_INSTANTIATE_VARIANT(V)                                            \

@@ -653,6 +653,29 @@ static void OneConfig(int64_t M, int64_t N, int64_t K, int tile, int flags, int 
     ts.push_back(ms);
   }
   const double med = Median(ts);
+  {  // one traced launch (counters are only filled by -DJGA_SM90_TRACE builds)
+    unsigned long long* tr;
+    CK(cudaMalloc(&tr, 16 * sizeof(unsigned long long)));
+    CK(cudaMemset(tr, 0, 16 * sizeof(unsigned long long)));
+    o.trace = tr;
+    CK(sm90::LaunchWithOptions(p, Bufs(d), 0, o));
+    CK(cudaDeviceSynchronize());
+    unsigned long long h[16];
+    CK(cudaMemcpy(h, tr, sizeof h, cudaMemcpyDeviceToHost));
+    cudaFree(tr);
+    if (h[2] != 0) {
+      int sms = 0;
+      CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+      const double slabs = static_cast<double>((M + tile - 1) / tile) * ((N + 127) / 128) * ((K + 127) / 128) / sms;
+      const char* names[] = {"conv wait raw", "conv wait emptyB", "conv total", "producer wait",
+                             "cons wait raw", "cons wait fullB", "cons wait MMA", "cons total", "cons epilogue",
+                             "producer issue", "conv fence+arrive", "conv load+convert+store"};
+      printf("trace (kcycles per CTA; %.0f slabs per CTA):", slabs);
+      for (int i = 0; i < 12; ++i) printf(" %s=%.0f", names[i], h[i] / 1e3 / sms);
+      printf("\n  per slab (cycles): producer issue %.0f, cons total %.0f, wait raw %.0f, fullB %.0f, MMA %.0f\n",
+             h[9] / slabs / sms, h[7] / slabs / sms, h[4] / slabs / sms, h[5] / slabs / sms, h[6] / slabs / sms);
+    }
+  }
   printf("one %lldx%lldx%lld tile=%d flags=%d %8.3f ms %8.1f TF/s\n", (long long)M, (long long)N, (long long)K, tile, flags,
          med, 2.0 * M * N * K / (med * 1e-3) / 1e12);
   d.Free();

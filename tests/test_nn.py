@@ -173,7 +173,10 @@ def test_gradients_close_to_float32_linear(rng, fmt):
         err = _rel(a, b)
         assert 0.7 * predicted < err < 1.35 * predicted, f"{name}: relative error {err:.4f}, predicted {predicted:.4f}"
     # The bias gradient is the fp32 sum of dY, as in nnx.Linear (up to summation order).
-    np.testing.assert_allclose(gm["bias"][...], gl["bias"][...], rtol=1e-5)  # GPU sums in another order
+    # The two sums may run in different orders (on GPU they do): allow float32 rounding relative to
+    # the summed magnitudes, not to the (possibly cancelling) result.
+    sum_abs = np.asarray(jnp.sum(jnp.abs(g), axis=(0, 1)))
+    np.testing.assert_array_less(np.abs(np.asarray(gm["bias"][...]) - np.asarray(gl["bias"][...])), 1e-6 * sum_abs)
     assert abs(float(l_mx) - float(l_lin)) < 3 * predicted * np.sqrt(float(jnp.sum(lin(x) ** 2)) * float(jnp.sum(g**2)))
 
 

@@ -129,11 +129,11 @@ struct Smem {
 // ---------------------------------------------------------------------------------------------
 // Timing trace (harness builds with -DJGA_SM90_TRACE only; compiled out otherwise): cycles one
 // thread of each role spends in each wait, summed over CTAs.
-constexpr int kTraceSlots = 12;
+constexpr int kTraceSlots = 16;
 enum TraceSlot : int {
   kTrConvWaitRaw = 0, kTrConvWaitEmptyB, kTrConvTotal, kTrProducerWait,
   kTrConsWaitRaw = 4, kTrConsWaitFullB, kTrConsWaitMma, kTrConsTotal, kTrConsEpilogue, kTrProducerIssue,
-  kTrConvFence = 10, kTrConvWork,
+  kTrConvFence = 10, kTrConvWork, kTrConsConvert, kTrConsIssue,
 };
 struct Tracer {
 #ifdef JGA_SM90_TRACE
@@ -909,15 +909,30 @@ __global__ void __launch_bounds__(kThreads, 1)
             for (int rr = 0; rr < 2; ++rr)
 #pragma unroll
               for (int w = 0; w < RW; ++w) asm volatile("" : "+r"(rawv[mi][rr][w]));
+            tr.Start();
             uint32_t m1v[2], m2v[2];
-            bool any_big = false;
+            bool any_big;
+            if constexpr (Tr::kScaleE4M3) {
 #pragma unroll
-            for (int rr = 0; rr < 2; ++rr) {
-              bool big;
-              ScaleToMul<V>((svp >> (8 * (mi * 2 + rr))) & 0xFFu, gvalid, m1v[rr], m2v[rr], big);
-              any_big |= big;
+              for (int rr = 0; rr < 2; ++rr) {
+                bool big;
+                ScaleToMul<V>((svp >> (8 * (mi * 2 + rr))) & 0xFFu, gvalid, m1v[rr], m2v[rr], big);
+              }
+              any_big = false;
+            } else {
+              // e8m0: one multiply unless a byte of this warp is above kT (rare: scale > 2^(127-O)).
+              const uint32_t s0 = (svp >> (16 * mi)) & 0xFFu, s1 = (svp >> (16 * mi + 8)) & 0xFFu;
+              any_big = __any_sync(0xFFFFFFFFu, gvalid && max(s0, s1) > static_cast<uint32_t>(Tr::kT));
+              if (!any_big) {
+                m1v[0] = gvalid ? (s0 + Tr::kOD) * 0x00800080u : 0u;
+                m1v[1] = gvalid ? (s1 + Tr::kOD) * 0x00800080u : 0u;
+                m2v[0] = m2v[1] = 0x3F803F80u;
+              } else {
+                bool big;
+                ScaleToMul<V>(s0, gvalid, m1v[0], m2v[0], big);
+                ScaleToMul<V>(s1, gvalid, m1v[1], m2v[1], big);
+              }
             }
-            any_big = __any_sync(0xFFFFFFFFu, any_big);
             if (p.flags & kFlagNoConvA) {  // experiment only
 #pragma unroll
               for (int s = 0; s < 4; ++s)
@@ -946,9 +961,11 @@ __global__ void __launch_bounds__(kThreads, 1)
                 }
               }
             }
+            tr.Stop(kTrConsConvert);
             tr.Start();
             if (mi == 0) MbarWait(bar_full_b + 8 * b_stage, b_phase);
             tr.Stop(kTrConsWaitFullB);
+            tr.Start();
             if (do_mma) {
               FenceOperand(acc[mi]);
               WgmmaFence();
@@ -961,6 +978,7 @@ __global__ void __launch_bounds__(kThreads, 1)
               }
               WgmmaCommit();
             }
+            tr.Stop(kTrConsIssue);
             tr.Start();
             WgmmaWait<1>();  // retires step s-1
             tr.Stop(kTrConsWaitMma);

@@ -1,6 +1,12 @@
-"""The Blackwell (sm_100a) kernels are compile-verified: no SM100 GPU runs in CI.
+"""Properties of the compiled CUDA kernels that no numerical test can see, read from the SASS.
 
-These tests inspect the built extension instead: its fat binary must hold an sm_100a cubin whose
+sm_90a (Hopper): every GemmAmaxKernel must keep its WGMMAs asynchronous and use no local memory.
+ptxas silently serializes WGMMAs it cannot prove safe (info C7511 "insufficient register
+resources", C7517/C7518 "WG.DP in divergent path": a wait after every HGMMA), which halved the
+kernel's speed once; the results stay right, so only the SASS shows it.
+
+sm_100a (Blackwell): the kernels are compile-verified, no SM100 GPU runs in CI. These tests
+inspect the built extension instead: its fat binary must hold an sm_100a cubin whose
 SASS contains block-scaled tcgen05 MMAs (and, where the PTX is embedded, `tcgen05.mma ...
 block_scale`). The numerical tests in test_gemm_amax.py are the same on every GPU, so they run
 unchanged on a B200.
@@ -187,3 +193,37 @@ def test_sm100a_ptx_has_tcgen05_block_scale(tools, binary, sm100_elf):
     assert any(k == "mxf8f6f4" for k, _ in kinds), f"no tcgen05.mma.kind::mxf8f6f4.block_scale in the PTX: {kinds}"
     assert any(k == "mxf4" and v in ("", "scale_vec::2X", "block32") for k, v in kinds), f"no kind::mxf4 2X: {kinds}"
     assert any(k == "mxf4nvf4" and v in ("scale_vec::4X", "block16") for k, v in kinds), f"no mxf4nvf4 4X: {kinds}"
+
+
+# ---------------------------------------------------------------------------------------------
+# sm_90a
+
+
+@pytest.fixture(scope="module")
+def sm90_kernels(tools, binary) -> dict[str, str]:
+    """SASS of each sm_90a GemmAmaxKernel instantiation (5 variants x 2 tile heights)."""
+    cuobjdump, nvdisasm, env = tools
+    listing = _run([cuobjdump, "--list-elf", binary], env)
+    if "sm_90a" not in listing:
+        _skip_or_fail(f"{binary.name} holds no sm_90a cubin (built without 90a in JAX_GEMM_AMAX_CUDA_ARCHS?)")
+    if nvdisasm is None:
+        _skip_or_fail("nvdisasm not found (cuobjdump -sass needs it): pip install nvidia-cuda-nvdisasm")
+    sass = _run([cuobjdump, "-sass", "-arch", "sm_90a", binary], env)
+    kernels = {name: body for name, body in _sass_by_function(sass).items() if "GemmAmaxKernel" in name}
+    assert len(kernels) == 10, f"expected 10 sm_90a GemmAmaxKernel instantiations, found {sorted(kernels)}"
+    return kernels
+
+
+def test_sm90a_wgmmas_are_pipelined(sm90_kernels):
+    for name, body in sm90_kernels.items():
+        hgmma = len(re.findall(r"\bHGMMA\.64x128x16\.F32\.BF16\b", body))
+        waits = len(re.findall(r"\bWARPGROUP\.DEPBAR\b", body))
+        assert hgmma >= 8, f"{name[:60]}: {hgmma} bf16 HGMMAs"
+        # Pipelined: one wait per group of 4 HGMMAs (plus the drain); serialized: one per HGMMA.
+        assert 2 * waits < hgmma, f"{name[:60]}: {waits} warpgroup waits for {hgmma} HGMMAs: serialized WGMMAs"
+
+
+def test_sm90a_kernels_use_no_local_memory(sm90_kernels):
+    for name, body in sm90_kernels.items():
+        spills = re.findall(r"\b(?:LDL|STL)(?:\.[0-9A-Z]+)*\b", body)
+        assert not spills, f"{name[:60]}: {len(spills)} local-memory instructions (register spills)"

@@ -1,15 +1,22 @@
 // SM90 (Hopper, sm_90a) block-scaled GEMM + fused amax.
 //
 // Design (see DESIGN.md "Kernels"):
-//   * persistent, warp-specialized CTA of 3 warpgroups (384 threads), one CTA per SM:
-//       WG0: thread 0 is the producer: TMA loads of the narrow A/B tiles (128-byte K slabs, 128B
-//            swizzle) and 1-D bulk copies of the 512-byte 128x4 scale blocks straight from the
-//            physical layout, polled from warp 0's wait loops. All 4 warps of WG0 convert the B
-//            tile (value x scale -> BF16, exact) into a 128B-swizzled buffer per 64-K unit.
-//       WG1, WG2: consumers. Each preloads its rows of the A slab into registers (releasing the
-//            raw stage at once), converts them (value x scale -> BF16) straight into WGMMA
-//            A-fragment registers and issues BF16 WGMMA (RS: A in registers, B from shared memory)
-//            with FP32 accumulators; then the epilogue (C in any dtype + amax).
+//   * persistent, warp-specialized CTA of 4 warpgroups (512 threads), one CTA per SM:
+//       WG0: one thread is the producer: TMA loads of the narrow A/B tiles (128-byte K slabs,
+//            128B swizzle) and 1-D bulk copies of the 512-byte 128x4 scale blocks straight from
+//            the physical layout into a ring of raw stages. Its own warpgroup (24 registers):
+//            issuing one slab's copies takes it ~1000-2000 cycles, which must not delay anyone.
+//       WG1: converts the B tile (value x scale -> BF16, exact) into a 128B-swizzled buffer per
+//            64-K unit (a ring of BF16 B buffers).
+//       WG2, WG3: consumers. Each loads its rows of one 64-K unit of A into registers, converts
+//            them (value x scale -> BF16) straight into WGMMA A-fragment registers and issues BF16
+//            WGMMA (RS: A in registers, B from shared memory) with FP32 accumulators, software-
+//            pipelined so that a step's conversion overlaps the previous step's WGMMAs; then the
+//            epilogue (C in any dtype + amax).
+//     ptxas serializes WGMMAs (a wait after each) when it sees them in a path it considers
+//     divergent or runs short of registers (infos C7511/C7517/C7518); tests/test_cuda_build.py
+//     checks the SASS for it. Hence: warp-uniform role index, predicated arrives and amax atomics,
+//     a real (not unrolled) unit loop.
 //   * K is permuted consistently for A and B inside each 64-K unit so that every thread reads
 //     16 contiguous bytes of A per row (one LDS.128) and the converter writes whole 16-byte chunks.
 //   * CTA tile: (128*MI) x 128 (MI = 1 or 2, picked by the host heuristic).
@@ -90,7 +97,15 @@ constexpr int kCluster = JGA_SM90_CLUSTER;
 #endif
 constexpr int kBoxRows = JGA_SM90_BOX_ROWS;
 static_assert(kCluster == 1 || kCluster == 2 || kCluster == 4, "cluster size");
-// KParams::flags bits.
+// KParams::flags bits. Only kFlagNoAmax is honoured by production builds; the others switch parts
+// of the kernel off for timing experiments (results wrong) and exist only in harness builds
+// (-DJGA_SM90_EXPERIMENTS): reading them costs a constant-bank load and a branch per step.
+#ifdef JGA_SM90_EXPERIMENTS
+constexpr bool kExperiments = true;
+#else
+constexpr bool kExperiments = false;
+#endif
+__device__ __forceinline__ bool Experiment(const KParams& p, int flag) { return kExperiments && (p.flags & flag) != 0; }
 constexpr int kFlagNoAmax = 1;
 constexpr int kFlagNoMma = 2;    // experiment: consumers skip WGMMA (wrong results)
 constexpr int kFlagNoConvB = 4;  // experiment: converter skips B conversion (wrong results)
@@ -189,34 +204,6 @@ __device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
       "}\n" ::"r"(bar),
       "r"(parity)
       : "memory");
-}
-__device__ __forceinline__ bool MbarTryWait(uint32_t bar, uint32_t parity) {
-  uint32_t ok;
-  asm volatile(
-      "{\n"
-      ".reg .pred P1;\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 P1, [%1], %2;\n"
-      "selp.u32 %0, 1, 0, P1;\n"
-      "}\n"
-      : "=r"(ok)
-      : "r"(bar), "r"(parity)
-      : "memory");
-  return ok != 0;
-}
-// Non-blocking probe: never suspends the thread (mbarrier.try_wait may sleep until the phase
-// completes, which deadlocks a polling producer until the hardware time limit expires).
-__device__ __forceinline__ bool MbarTestWait(uint32_t bar, uint32_t parity) {
-  uint32_t ok;
-  asm volatile(
-      "{\n"
-      ".reg .pred P1;\n"
-      "mbarrier.test_wait.parity.shared::cta.b64 P1, [%1], %2;\n"
-      "selp.u32 %0, 1, 0, P1;\n"
-      "}\n"
-      : "=r"(ok)
-      : "r"(bar), "r"(parity)
-      : "memory");
-  return ok != 0;
 }
 __device__ __forceinline__ void TmaLoad3D(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2) {
   asm volatile(
@@ -562,7 +549,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kNSB = Tr::kScaleBlocksPerSlab;
 
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  const uint32_t smem = (SmemAddr(smem_raw) + 1023u) & ~1023u;
+  uint32_t smem = (SmemAddr(smem_raw) + 1023u) & ~1023u;
+  // Opaque to the compiler, so it keeps the base in a register instead of recomputing it from
+  // %cluster_ctarank-derived state (S2UR + 4 uniform ops) in every loop iteration.
+  asm volatile("" : "+r"(smem));
   const uint32_t bar_full_raw = smem + S::kOffBar;
   const uint32_t bar_empty_raw = bar_full_raw + 8 * kRawStages;
   const uint32_t bar_full_b = bar_empty_raw + 8 * kRawStages;
@@ -612,7 +602,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           tr.Stop(kTrProducerWait);
           tr.Start();
           const uint32_t fb = bar_full_raw + 8 * stage;
-          const bool skip_sf = p.flags & kFlagNoScales, skip_b = p.flags & kFlagNoBLoad;
+          const bool skip_sf = Experiment(p, kFlagNoScales), skip_b = Experiment(p, kFlagNoBLoad);
           MbarArriveExpectTx(fb, S::kTxBytes - (skip_sf ? S::kSfA + S::kSfB : 0) - (skip_b ? S::kRawB : 0));
           const int my_nt = pc.nt * kCluster + rank;
           constexpr int kPartRows = kBM / kCluster;  // rows of the A slab this CTA loads for all
@@ -672,7 +662,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         tr.Start();
         MbarWait(bar_full_raw + 8 * r_stage, r_phase);
         tr.Stop(kTrConvWaitRaw);
-        if (p.flags & kFlagRawOnly) {
+        if (Experiment(p, kFlagRawOnly)) {
           __syncwarp();
           MbarArriveClusterIf(bar_empty_raw + 8 * r_stage, lane == 0);
           if (++r_stage == kRawStages) { r_stage = 0; r_phase ^= 1; }
@@ -687,7 +677,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           tr.Stop(kTrConvWaitEmptyB);
           tr.Start();
           const uint32_t dst = smem + S::kOffBufB + b_stage * S::kBufB + (n_local >> 3) * 1024 + r7 * 128;
-          if (p.flags & kFlagNoConvB) {
+          if (Experiment(p, kFlagNoConvB)) {
             // experiment only
           } else if constexpr (!Tr::kFp4) {
             const int h = ui;
@@ -772,7 +762,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
           tr.Stop(kTrConvWork);
           tr.Start();
-          if (!(p.flags & kFlagNoFence)) FenceProxyAsync();
+          if (!Experiment(p, kFlagNoFence)) FenceProxyAsync();
           __syncwarp();
           if (lane == 0) MbarArrive(bar_full_b + 8 * b_stage);
           tr.Stop(kTrConvFence);
@@ -798,7 +788,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     float amax_run = 0.0f;
     int cur_l = -1;
     const bool do_amax = (p.flags & kFlagNoAmax) == 0;
-    const bool do_mma = (p.flags & kFlagNoMma) == 0;
+    const bool do_mma = !Experiment(p, kFlagNoMma);
 
     float acc[MI][64];
     // Software pipeline over MMA "steps" (one step = one 64-K unit x one 64-row slice): step s
@@ -852,7 +842,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         tr.Start();
         MbarWait(bar_full_raw + 8 * r_stage, r_phase);
         tr.Stop(kTrConsWaitRaw);
-        if (p.flags & kFlagRawOnly) {
+        if (Experiment(p, kFlagRawOnly)) {
           __syncwarp();
           MbarArriveClusterIf(bar_empty_raw + 8 * r_stage, lane == 0);
           if (++r_stage == kRawStages) { r_stage = 0; r_phase ^= 1; }
@@ -933,7 +923,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 ScaleToMul<V>(s1, gvalid, m1v[1], m2v[1], big);
               }
             }
-            if (p.flags & kFlagNoConvA) {  // experiment only
+            if (Experiment(p, kFlagNoConvA)) {
 #pragma unroll
               for (int s = 0; s < 4; ++s)
 #pragma unroll
@@ -1006,7 +996,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
       // ---- epilogue: one straight-line path per output dtype (switch once per tile) ----
       tr.Start();
-      if (!(p.flags & kFlagNoEpilogue)) {
+      if (!Experiment(p, kFlagNoEpilogue)) {
         const int m0 = tc.mt * kBM + wg * 64 * MI + warp * 16 + g;
         const int nt = tc.nt * kCluster + rank;
         const int n0 = nt * kBN + 2 * t;

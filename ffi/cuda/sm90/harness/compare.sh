@@ -1,6 +1,6 @@
 #!/bin/bash
 # Builds the harness with two sets of extra nvcc flags (in parallel) and compares them:
-# test (first build only), bench and exp. Usage (repo root, on the device):
+# test (first build only) and bench. (Timing experiments: trace.sh.) Usage (repo root, on the device):
 #   compare.sh "FLAGS_A" "FLAGS_B" [bench iters]
 ITERS=${3:-10}
 OUTD=${OUT:-/tmp/out}; mkdir -p $OUTD
@@ -12,4 +12,3 @@ grep -h "spill" $OUTD/build_a.txt | head -3
 /tmp/ba/sm90_harness test > $OUTD/test_a.txt 2>&1; echo "test A rc=$?"; grep -E "FAIL|SUMMARY" $OUTD/test_a.txt | head -20
 echo "== A: $1"; /tmp/ba/sm90_harness bench $ITERS 2>&1 | tee $OUTD/bench_a.txt
 echo "== B: $2"; /tmp/bb/sm90_harness bench $ITERS 2>&1 | tee $OUTD/bench_b.txt | cut -c1-60
-for x in a b; do /tmp/b$x/sm90_harness exp > $OUTD/exp_$x.txt 2>&1; echo "exp $x"; grep "8192x8192x8192 tile=256" $OUTD/exp_$x.txt | cut -c30-; done

@@ -467,6 +467,43 @@ static double Median(std::vector<float> v) {
   return v[v.size() / 2];
 }
 
+// A random e4m3 / e8m0 (sfv 32) problem with bf16 C, generated on the device into `d`.
+static GemmAmaxProblem RandomE4M3Problem(int64_t M, int64_t N, int64_t K, DevBufs& d) {
+  GemmAmaxProblem p;
+  p.batch = 1; p.m = M; p.n = N; p.k = K;
+  p.ab_type = OperandType::kE4M3; p.sf_type = ScaleType::kE8M0; p.sf_vec_size = 32; p.c_type = OutputType::kBF16;
+  const size_t sfab = p.scale_batch_stride(M), sfbb = p.scale_batch_stride(N);
+  d.c_bytes = M * N * 2;
+  CK(cudaMalloc(&d.a, M * K)); CK(cudaMalloc(&d.b, N * K));
+  CK(cudaMalloc(&d.sfa, sfab)); CK(cudaMalloc(&d.sfb, sfbb));
+  CK(cudaMalloc(&d.c, d.c_bytes)); CK(cudaMalloc(&d.amax, 4));
+  FillRandomE4M3<<<1024, 256>>>(d.a, M * K, 1);
+  FillRandomE4M3<<<1024, 256>>>(d.b, N * K, 2);
+  FillScalesDev<<<256, 256>>>(d.sfa, sfab, 3);
+  FillScalesDev<<<256, 256>>>(d.sfb, sfbb, 4);
+  CK(cudaDeviceSynchronize());
+  return p;
+}
+
+// Median milliseconds of `iters` launches (cudaEvent around each) after 3 warm-ups.
+static double MedianLaunchMs(const GemmAmaxProblem& p, const DevBufs& d, const sm90::LaunchOptions& o, int iters) {
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
+  for (int i = 0; i < 3; ++i) CK(sm90::LaunchWithOptions(p, Bufs(d), 0, o));
+  std::vector<float> ts;
+  for (int i = 0; i < iters; ++i) {
+    CK(cudaEventRecord(e0));
+    CK(sm90::LaunchWithOptions(p, Bufs(d), 0, o));
+    CK(cudaEventRecord(e1));
+    CK(cudaEventSynchronize(e1));
+    float ms;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    ts.push_back(ms);
+  }
+  CK(cudaEventDestroy(e0)); CK(cudaEventDestroy(e1));
+  return Median(ts);
+}
+
 static void Bench(int iters) {
   struct Shape { int64_t m, n, k; };
   const Shape shapes[] = {{8192, 8192, 8192}, {4096, 4096, 4096}, {16384, 8192, 1024},
@@ -474,36 +511,12 @@ static void Bench(int iters) {
   printf("%-20s %6s %12s %12s %12s %12s %10s %s\n", "MxNxK", "tile", "TF/s", "TF/s noamax", "TF/s t128", "TF/s t256",
          "cuBLASbf16", "check");
   for (const Shape& s : shapes) {
-    GemmAmaxProblem p;
-    p.batch = 1; p.m = s.m; p.n = s.n; p.k = s.k;
-    p.ab_type = OperandType::kE4M3; p.sf_type = ScaleType::kE8M0; p.sf_vec_size = 32; p.c_type = OutputType::kBF16;
     DevBufs d;
+    const GemmAmaxProblem p = RandomE4M3Problem(s.m, s.n, s.k, d);
     const size_t abytes = s.m * s.k, bbytes = s.n * s.k;
     const size_t sfab = p.scale_batch_stride(s.m), sfbb = p.scale_batch_stride(s.n);
-    CK(cudaMalloc(&d.a, abytes)); CK(cudaMalloc(&d.b, bbytes));
-    CK(cudaMalloc(&d.sfa, sfab)); CK(cudaMalloc(&d.sfb, sfbb));
-    d.c_bytes = s.m * s.n * 2;
-    CK(cudaMalloc(&d.c, d.c_bytes)); CK(cudaMalloc(&d.amax, 4));
-    FillRandomE4M3<<<1024, 256>>>(d.a, abytes, 1);
-    FillRandomE4M3<<<1024, 256>>>(d.b, bbytes, 2);
-    FillScalesDev<<<256, 256>>>(d.sfa, sfab, 3);
-    FillScalesDev<<<256, 256>>>(d.sfb, sfbb, 4);
-    CK(cudaDeviceSynchronize());
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
     auto time_it = [&](const sm90::LaunchOptions& opt) {
-      for (int i = 0; i < 3; ++i) CK(sm90::LaunchWithOptions(p, Bufs(d), 0, opt));
-      std::vector<float> ts;
-      for (int i = 0; i < iters; ++i) {
-        CK(cudaEventRecord(e0));
-        CK(sm90::LaunchWithOptions(p, Bufs(d), 0, opt));
-        CK(cudaEventRecord(e1));
-        CK(cudaEventSynchronize(e1));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        ts.push_back(ms);
-      }
-      return 2.0 * s.m * s.n * s.k / (Median(ts) * 1e-3) / 1e12;
+      return 2.0 * s.m * s.n * s.k / (MedianLaunchMs(p, d, opt, iters) * 1e-3) / 1e12;
     };
     sm90::LaunchOptions o;
     const double tf = time_it(o);
@@ -546,6 +559,8 @@ static void Bench(int iters) {
     {
       cublasHandle_t h;
       cublasCreate(&h);
+      cudaEvent_t e0, e1;
+      CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
       uint16_t *ba, *bb, *bc;
       CK(cudaMalloc(&ba, abytes * 2)); CK(cudaMalloc(&bb, bbytes * 2)); CK(cudaMalloc(&bc, s.m * s.n * 2));
       FillBF16<<<1024, 256>>>(ba, abytes, 5);
@@ -569,6 +584,7 @@ static void Bench(int iters) {
       }
       cublas_tf = 2.0 * s.m * s.n * s.k / (Median(ts) * 1e-3) / 1e12;
       cudaFree(ba); cudaFree(bb); cudaFree(bc);
+      CK(cudaEventDestroy(e0)); CK(cudaEventDestroy(e1));
       cublasDestroy(h);
     }
 #endif
@@ -577,45 +593,25 @@ static void Bench(int iters) {
              static_cast<long long>(s.k));
     printf("%-20s %6s %12.1f %12.1f %12.1f %12.1f %10.1f %s (bad %d/256, amax %g)\n", name, "auto", tf, tf_noamax, tf128,
            tf256, cublas_tf, (bad == 0 && amax_ok) ? "ok" : "WRONG", bad, amax);
-    CK(cudaEventDestroy(e0)); CK(cudaEventDestroy(e1));
     d.Free();
   }
 }
 
 // Timing breakdown: switch parts of the kernel off (results are wrong; timing only).
 static void Experiments(int64_t M, int64_t N, int64_t K, int iters) {
-  GemmAmaxProblem p;
-  p.batch = 1; p.m = M; p.n = N; p.k = K;
-  p.ab_type = OperandType::kE4M3; p.sf_type = ScaleType::kE8M0; p.sf_vec_size = 32; p.c_type = OutputType::kBF16;
+#ifndef JGA_SM90_EXPERIMENTS
+  fprintf(stderr, "exp: build with -DJGA_SM90_EXPERIMENTS (production kernels ignore the experiment flags)\n");
+  return;
+#endif
   DevBufs d;
-  const size_t sfab = p.scale_batch_stride(M), sfbb = p.scale_batch_stride(N);
-  CK(cudaMalloc(&d.a, M * K)); CK(cudaMalloc(&d.b, N * K));
-  CK(cudaMalloc(&d.sfa, sfab)); CK(cudaMalloc(&d.sfb, sfbb));
-  CK(cudaMalloc(&d.c, M * N * 2)); CK(cudaMalloc(&d.amax, 4));
-  FillRandomE4M3<<<1024, 256>>>(d.a, M * K, 1);
-  FillRandomE4M3<<<1024, 256>>>(d.b, N * K, 2);
-  FillScalesDev<<<256, 256>>>(d.sfa, sfab, 3);
-  FillScalesDev<<<256, 256>>>(d.sfb, sfbb, 4);
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
+  const GemmAmaxProblem p = RandomE4M3Problem(M, N, K, d);
   const int flag_sets[] = {0, 16, 2, 4, 8, 4 | 8, 2 | 4 | 8, 2 | 4 | 8 | 16};
   for (int tile : {128, 256}) {
     for (int f : flag_sets) {
       sm90::LaunchOptions o;
       o.force_tile_m = tile;
       o.experiment_flags = f;
-      for (int i = 0; i < 3; ++i) CK(sm90::LaunchWithOptions(p, Bufs(d), 0, o));
-      std::vector<float> ts;
-      for (int i = 0; i < iters; ++i) {
-        CK(cudaEventRecord(e0));
-        CK(sm90::LaunchWithOptions(p, Bufs(d), 0, o));
-        CK(cudaEventRecord(e1));
-        CK(cudaEventSynchronize(e1));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        ts.push_back(ms);
-      }
-      const double med = Median(ts);
+      const double med = MedianLaunchMs(p, d, o, iters);
       printf("exp %lldx%lldx%lld tile=%d flags=%2d (%s%s%s%s) %8.3f ms %8.1f TF/s\n", (long long)M, (long long)N, (long long)K,
              tile, f, (f & 2) ? "noMMA " : "", (f & 16) ? "noEpi " : "", (f & 4) ? "noConvB " : "", (f & 8) ? "noConvA " : "", med,
              2.0 * M * N * K / (med * 1e-3) / 1e12);
@@ -625,34 +621,12 @@ static void Experiments(int64_t M, int64_t N, int64_t K, int iters) {
 }
 
 static void OneConfig(int64_t M, int64_t N, int64_t K, int tile, int flags, int iters) {
-  GemmAmaxProblem p;
-  p.batch = 1; p.m = M; p.n = N; p.k = K;
-  p.ab_type = OperandType::kE4M3; p.sf_type = ScaleType::kE8M0; p.sf_vec_size = 32; p.c_type = OutputType::kBF16;
   DevBufs d;
-  const size_t sfab = p.scale_batch_stride(M), sfbb = p.scale_batch_stride(N);
-  CK(cudaMalloc(&d.a, M * K)); CK(cudaMalloc(&d.b, N * K));
-  CK(cudaMalloc(&d.sfa, sfab)); CK(cudaMalloc(&d.sfb, sfbb));
-  CK(cudaMalloc(&d.c, M * N * 2)); CK(cudaMalloc(&d.amax, 4));
-  FillRandomE4M3<<<1024, 256>>>(d.a, M * K, 1);
-  FillRandomE4M3<<<1024, 256>>>(d.b, N * K, 2);
-  FillScalesDev<<<256, 256>>>(d.sfa, sfab, 3);
-  FillScalesDev<<<256, 256>>>(d.sfb, sfbb, 4);
+  const GemmAmaxProblem p = RandomE4M3Problem(M, N, K, d);
   sm90::LaunchOptions o;
   o.force_tile_m = tile;
   o.experiment_flags = flags;
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
-  std::vector<float> ts;
-  for (int i = 0; i < iters; ++i) {
-    CK(cudaEventRecord(e0));
-    CK(sm90::LaunchWithOptions(p, Bufs(d), 0, o));
-    CK(cudaEventRecord(e1));
-    CK(cudaEventSynchronize(e1));
-    float ms;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    ts.push_back(ms);
-  }
-  const double med = Median(ts);
+  const double med = MedianLaunchMs(p, d, o, iters);
   {  // one traced launch (counters are only filled by -DJGA_SM90_TRACE builds)
     unsigned long long* tr;
     CK(cudaMalloc(&tr, 16 * sizeof(unsigned long long)));

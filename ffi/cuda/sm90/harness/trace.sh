@@ -1,8 +1,8 @@
 #!/bin/bash
 # Traced timing of one shape under several experiment flags, for two builds.
 # Usage (repo root, device): trace.sh "FLAGS_A" "FLAGS_B" "EXPERIMENT FLAG SETS" [M N K tile]
-ffi/cuda/sm90/harness/build.sh /tmp/ta -DJGA_SM90_TRACE $1 > /tmp/ta.txt 2>&1 &
-ffi/cuda/sm90/harness/build.sh /tmp/tb -DJGA_SM90_TRACE $2 > /tmp/tb.txt 2>&1 &
+ffi/cuda/sm90/harness/build.sh /tmp/ta -DJGA_SM90_TRACE -DJGA_SM90_EXPERIMENTS $1 > /tmp/ta.txt 2>&1 &
+ffi/cuda/sm90/harness/build.sh /tmp/tb -DJGA_SM90_TRACE -DJGA_SM90_EXPERIMENTS $2 > /tmp/tb.txt 2>&1 &
 wait
 SHAPE=${4:-"8192 8192 8192 256"}
 for x in a b; do

@@ -4,6 +4,8 @@
 # cases, the Flax example's step times, and the SASS check. Logs and the updated RESULTS.md land
 # in $OUT. Each stage has its own time limit so the call ends inside the device's 10 minutes.
 #   benchmarks/gpu_run.sh
+# Optional: JGA_BIG_TRAIN=0 skips the large Flax example, JGA_BENCH_ARGS="--repeats 5" is passed to
+# the benchmark (both save device time).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false CMAKE_BUILD_PARALLEL_LEVEL=16
 OUT=${OUT:-/tmp/jga-out}

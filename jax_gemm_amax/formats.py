@@ -1,8 +1,10 @@
 """Narrow formats: the quantization formats and the packed-FP4 container.
 
-Packed FP4 is ``uint8`` holding two e2m1 codes, the low nibble the even element. Conversions go
-through explicit code tables, so they are exact and do not depend on how a backend stores
-``float4_e2m1fn`` arrays.
+Packed FP4 is ``uint8`` holding two e2m1 codes, the low nibble the even element. Conversions
+work on the codes with elementwise integer and float arithmetic (no gathers, no FP8/FP4 converts):
+exact, independent of how a backend stores ``float4_e2m1fn`` arrays, safe from XLA's
+excess-precision folding, and shardable like any elementwise op (a table gather is not, on
+``AxisType.Explicit`` meshes).
 """
 
 from __future__ import annotations
@@ -48,18 +50,31 @@ def e2m1_codes(x):
     as uint8. NaN becomes +6 (e2m1 has no NaN)."""
     x = jnp.asarray(x, jnp.float32)
     mag = jnp.abs(x)
-    idx = jnp.searchsorted(jnp.asarray(_E2M1_MIDPOINTS), mag, side="right")
-    # A magnitude exactly on a midpoint rounded up; ties go to the even code.
-    on_tie = (idx > 0) & (mag == jnp.asarray(_E2M1_MIDPOINTS)[jnp.maximum(idx - 1, 0)])
-    idx = jnp.where(on_tie & (idx % 2 == 1), idx - 1, idx)
+    # Code = number of midpoints below the magnitude; on a midpoint (between codes i and i + 1)
+    # round to the even code.
+    idx = jnp.zeros(x.shape, jnp.int32)
+    for i, mid in enumerate(_E2M1_MIDPOINTS):
+        up = (mag > mid) | ((mag == mid) & ((i + 1) % 2 == 0))
+        idx = idx + up.astype(jnp.int32)
     idx = jnp.where(jnp.isnan(x), 7, idx)
     sign = jnp.where(jnp.signbit(x) & ~jnp.isnan(x), 8, 0)
     return (idx + sign).astype(jnp.uint8)
 
 
+def _minifloat_value(mag, negative, *, mantissa_bits: int, bias: int):
+    """Magnitude codes (int32: the exponent field above ``mantissa_bits`` mantissa bits, exponent 0
+    subnormal) and a sign flag -> float32, exactly. Inf/NaN codes are the caller's."""
+    e = mag >> mantissa_bits
+    m = mag & ((1 << mantissa_bits) - 1)
+    significand = jnp.where(e > 0, m + (1 << mantissa_bits), m).astype(jnp.float32)
+    value = jnp.ldexp(significand, jnp.maximum(e, 1) - bias - mantissa_bits)
+    return jnp.where(negative != 0, -value, value)
+
+
 def e2m1_values(codes):
     """4-bit codes (uint8) -> float32 values."""
-    return jnp.asarray(E2M1_VALUES)[codes.astype(jnp.int32)]
+    codes = codes.astype(jnp.int32)
+    return _minifloat_value(codes & 7, codes & 8, mantissa_bits=1, bias=1)
 
 
 def pack_fp4(codes):
@@ -100,11 +115,8 @@ def saturating_cast(x, dtype):
     return x.astype(dtype)
 
 
-def _fp8_table(dtype) -> np.ndarray:
-    return np.arange(256, dtype=np.uint8).view(dtype).astype(np.float32)
-
-
-_FP8_TABLES = {np.dtype(d): _fp8_table(d) for d in (jnp.float8_e4m3fn, jnp.float8_e5m2)}
+# (mantissa bits, exponent bias) of the FP8 formats.
+_FP8_FIELDS = {np.dtype(jnp.float8_e4m3fn): (3, 7), np.dtype(jnp.float8_e5m2): (2, 15)}
 
 
 def decode_fp8(x):
@@ -112,10 +124,18 @@ def decode_fp8(x):
 
     Not ``x.astype(float32)``: inside one jit, XLA may fold ``convert(convert(y, f8), f32)`` into
     ``y`` (excess precision, on by default on GPU), so a quantize-then-dequantize would silently
-    skip the rounding. A bitcast and a table lookup keep the FP8 value exact.
+    skip the rounding. Decoding the bitcast code arithmetically keeps the FP8 value exact.
     """
-    table = _FP8_TABLES[np.dtype(x.dtype)]
-    return jnp.asarray(table)[jax.lax.bitcast_convert_type(x, jnp.uint8).astype(jnp.int32)]
+    dtype = np.dtype(x.dtype)
+    mantissa_bits, bias = _FP8_FIELDS[dtype]
+    code = jax.lax.bitcast_convert_type(x, jnp.uint8).astype(jnp.int32)
+    mag = code & 0x7F
+    value = _minifloat_value(mag, code & 0x80, mantissa_bits=mantissa_bits, bias=bias)
+    if dtype == np.dtype(jnp.float8_e4m3fn):  # S.1111.111 is NaN, no infinities
+        return jnp.where(mag == 0x7F, jnp.nan, value)
+    # e5m2: exponent 11111 is Inf (mantissa 0) or NaN
+    special = jnp.where(mag == 0x7C, jnp.where(code & 0x80, -jnp.inf, jnp.inf), jnp.nan)
+    return jnp.where(mag >= 0x7C, special, value)
 
 
 def decode_scales(scales):

@@ -44,11 +44,33 @@ def scale_index(row: int, group: int) -> tuple[int, int, int, int, int]:
     return (row // 128, group // 4, row % 32, (row % 128) // 32, group % 4)
 
 
+def _replicate_explicit_dims(x, dims):
+    """Under explicit sharding (``AxisType.Explicit`` meshes), reshards ``dims`` of ``x`` to
+    replicated: the 128x4 block interleave splits and merges the row and group axes, which a
+    reshape of an explicitly sharded axis refuses unless every shard holds whole blocks. Scales
+    are 1/32 of their operand's elements, so gathering them is cheap. A no-op otherwise."""
+    sharding = getattr(jax.typeof(x), "sharding", None) if hasattr(jax, "typeof") else None
+    mesh = getattr(sharding, "mesh", None)
+    if mesh is None or getattr(mesh, "empty", True):
+        return x
+    explicit = {n for n, t in zip(mesh.axis_names, mesh.axis_types) if t == jax.sharding.AxisType.Explicit}
+    spec = list(sharding.spec) + [None] * (x.ndim - len(sharding.spec))
+
+    def names(entry):
+        return () if entry is None else entry if isinstance(entry, tuple) else (entry,)
+
+    if not any(n in explicit for d in dims for n in names(spec[d])):
+        return x
+    replicated = jax.sharding.PartitionSpec(*(None if d in dims else e for d, e in enumerate(spec)))
+    return jax.sharding.reshard(x, jax.sharding.NamedSharding(mesh, replicated))
+
+
 def physical_from_plain(plain):
     """``(L, MN, G)`` or ``(MN, G)`` scales -> physical layout, zero-padded."""
     squeeze = plain.ndim == 2
     if squeeze:
         plain = plain[None]
+    plain = _replicate_explicit_dims(plain, (1, 2))
     batch, rows, groups = plain.shape
     row_blocks = math.ceil(rows / SCALE_ROWS_PER_BLOCK)
     k_blocks = math.ceil(groups / SCALE_GROUPS_PER_BLOCK)
@@ -70,6 +92,7 @@ def plain_from_physical(physical, rows: int, groups: int):
     squeeze = physical.ndim == 5
     if squeeze:
         physical = physical[None]
+    physical = _replicate_explicit_dims(physical, (1, 2))
     batch, row_blocks, k_blocks = physical.shape[:3]
     blocked = physical.transpose(_BLOCKED_FROM_PHYSICAL)
     plain = blocked.reshape(batch, row_blocks * SCALE_ROWS_PER_BLOCK, k_blocks * SCALE_GROUPS_PER_BLOCK)

@@ -177,9 +177,6 @@ __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
 __device__ __forceinline__ void MbarInit(uint32_t bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count));
 }
-__device__ __forceinline__ void MbarArrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-}
 // Predicated arrive (no branch: see FlushAmax).
 __device__ __forceinline__ void MbarArriveIf(uint32_t bar, bool pred) {
   asm volatile(
@@ -764,7 +761,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           tr.Start();
           if (!Experiment(p, kFlagNoFence)) FenceProxyAsync();
           __syncwarp();
-          if (lane == 0) MbarArrive(bar_full_b + 8 * b_stage);
+          MbarArriveIf(bar_full_b + 8 * b_stage, lane == 0);
           tr.Stop(kTrConvFence);
           if (++b_stage == kBStages) { b_stage = 0; b_phase ^= 1; }
         }

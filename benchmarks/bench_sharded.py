@@ -15,8 +15,6 @@ Every sharded result is checked against the float32 product of the dequantized o
 from __future__ import annotations
 
 import argparse
-import datetime
-import functools
 import os
 import sys
 
@@ -29,7 +27,7 @@ from jax.sharding import PartitionSpec as P
 import jax_gemm_amax as jga
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_gemm import timed  # noqa: E402  (median over repeats of enqueue-then-block)
+from bench_gemm import record, timed  # noqa: E402  (timed: median over repeats of enqueue-then-block)
 
 
 def quantized(key, rows, k):
@@ -117,12 +115,9 @@ def main():
           "outputs checked against the f32 product")
     print(table)
     if args.record:
-        path = os.path.join(os.path.dirname(__file__), "RESULTS.md")
-        with open(path, "a") as f:
-            f.write(f"\n## {datetime.date.today().isoformat()} — sharded gemm_amax, weak scaling on {ng}× {kind}\n\n")
-            f.write(f"`python benchmarks/bench_sharded.py --calls {args.calls} --repeats {args.repeats}`"
-                    f" (jax {jax.__version__}); MXFP8 e4m3, bf16 C, {s}³ of work per GPU.\n\n")
-            f.write(table + "\n")
+        record(f"sharded gemm_amax, weak scaling on {ng}× {kind}",
+               f"`python benchmarks/bench_sharded.py --calls {args.calls} --repeats {args.repeats}`"
+               f" (jax {jax.__version__}); MXFP8 e4m3, bf16 C, {s}³ of work per GPU.", table)
 
 
 if __name__ == "__main__":

@@ -157,23 +157,20 @@ def _partition(c_dtype, sf_vec_size, tile_m, tile_n, cluster_m, cluster_n, mesh,
 
     def lower_fn(a, b, sfa, sfb):
         with jax.sharding.use_abstract_mesh(manual_mesh):
-            return local_fn(a, b, sfa, sfb)
-
-    def local_fn(a, b, sfa, sfb):
-        if not plan.k:
-            c, amax = _local_gemm_amax(a, b, sfa, sfb, c_dtype, sf_vec_size, **hints)
-        else:
-            # Partial sums in fp32; amax and rounding only after the sum over K.
-            c32, _ = _local_gemm_amax(a, b, sfa, sfb, np.dtype(np.float32), sf_vec_size, **hints)
-            if plan.scatter_dim is None:
-                c32 = jax.lax.psum(c32, plan.k)
+            if not plan.k:
+                c, amax = _local_gemm_amax(a, b, sfa, sfb, c_dtype, sf_vec_size, **hints)
             else:
-                c32 = jax.lax.psum_scatter(c32, plan.k, scatter_dimension=plan.scatter_dim, tiled=True)
-            amax = jnp.max(jnp.abs(c32), axis=(1, 2))
-            c = formats.saturating_cast(c32, c_dtype)
-        if amax_axes:
-            amax = jax.lax.pmax(amax, amax_axes)
-        return c, amax
+                # Partial sums in fp32; amax and rounding only after the sum over K.
+                c32, _ = _local_gemm_amax(a, b, sfa, sfb, np.dtype(np.float32), sf_vec_size, **hints)
+                if plan.scatter_dim is None:
+                    c32 = jax.lax.psum(c32, plan.k)
+                else:
+                    c32 = jax.lax.psum_scatter(c32, plan.k, scatter_dimension=plan.scatter_dim, tiled=True)
+                amax = jnp.max(jnp.abs(c32), axis=(1, 2))
+                c = formats.saturating_cast(c32, c_dtype)
+            if amax_axes:
+                amax = jax.lax.pmax(amax, amax_axes)
+            return c, amax
 
     return mesh, lower_fn, plan.result_shardings(mesh), plan.operand_shardings(mesh)
 

@@ -360,31 +360,18 @@ class RuntimeOutputEpilogueImpl {
 
           cst_callbacks.end_loop(epi_m, epi_n);
 
-          switch (c_type) {
-            case OutputType::kF32:
-              store_subtile<float>(tTR_rD, tTR_pCD_mn, problem_shape_mnl, cta_tile_mnk, cta_coord_mnkl, tiled_t2r,
-                                   thread_idx, epi_m, epi_n);
-              break;
-            case OutputType::kF16:
-              store_subtile<cutlass::half_t>(tTR_rD, tTR_pCD_mn, problem_shape_mnl, cta_tile_mnk, cta_coord_mnkl,
+          // One store per output dtype, chosen at run time (the element type is the tag's type).
+          auto store = [&](auto element) {
+            store_subtile<decltype(element)>(tTR_rD, tTR_pCD_mn, problem_shape_mnl, cta_tile_mnk, cta_coord_mnkl,
                                              tiled_t2r, thread_idx, epi_m, epi_n);
-              break;
-            case OutputType::kBF16:
-              store_subtile<cutlass::bfloat16_t>(tTR_rD, tTR_pCD_mn, problem_shape_mnl, cta_tile_mnk,
-                                                 cta_coord_mnkl, tiled_t2r, thread_idx, epi_m, epi_n);
-              break;
-            case OutputType::kE4M3:
-              store_subtile<cutlass::float_e4m3_t>(tTR_rD, tTR_pCD_mn, problem_shape_mnl, cta_tile_mnk,
-                                                   cta_coord_mnkl, tiled_t2r, thread_idx, epi_m, epi_n);
-              break;
-            case OutputType::kE5M2:
-              store_subtile<cutlass::float_e5m2_t>(tTR_rD, tTR_pCD_mn, problem_shape_mnl, cta_tile_mnk,
-                                                   cta_coord_mnkl, tiled_t2r, thread_idx, epi_m, epi_n);
-              break;
-            case OutputType::kE2M1x2:
-              store_subtile<cutlass::float_e2m1_t>(tTR_rD, tTR_pCD_mn, problem_shape_mnl, cta_tile_mnk,
-                                                   cta_coord_mnkl, tiled_t2r, thread_idx, epi_m, epi_n);
-              break;
+          };
+          switch (c_type) {
+            case OutputType::kF32: store(float{}); break;
+            case OutputType::kF16: store(cutlass::half_t{}); break;
+            case OutputType::kBF16: store(cutlass::bfloat16_t{}); break;
+            case OutputType::kE4M3: store(cutlass::float_e4m3_t{}); break;
+            case OutputType::kE5M2: store(cutlass::float_e5m2_t{}); break;
+            case OutputType::kE2M1x2: store(cutlass::float_e2m1_t{}); break;
           }
         }  // for epi_m
       }    // for epi_n

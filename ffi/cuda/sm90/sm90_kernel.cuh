@@ -253,8 +253,9 @@ __device__ __forceinline__ void FenceProxyAsync() { asm volatile("fence.proxy.as
 // Hands a raw stage back to the producer after this warp's last read of it. The producer's next
 // write into the stage is a TMA (async proxy), and an mbarrier release orders only generic-proxy
 // accesses: without the proxy fence a read still in flight can return the next slab's bytes (seen
-// on the H200: a few rows of 1-6 tiles per call wrong at 16384x8192x1024; ptxas turns the fence
-// into MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S, which waits for this thread's loads).
+// on the H200 with the f16path branch's consumer: a few rows of 1-6 tiles per call wrong at
+// 16384x8192x1024; ptxas turns the fence into MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S, which waits for
+// this thread's loads).
 __device__ __forceinline__ void ReleaseRawStage(uint32_t bar, int lane) {
   FenceProxyAsync();
   __syncwarp();
@@ -775,7 +776,10 @@ __global__ void __launch_bounds__(kThreads, 1)
           tr.Stop(kTrConvFence);
           if (++b_stage == kBStages) { b_stage = 0; b_phase ^= 1; }
         }
-        ReleaseRawStage(bar_empty_raw + 8 * r_stage, lane);
+        // No ReleaseRawStage here: the proxy fence before the last unit's full_b arrive already
+        // follows every read of this raw stage.
+        __syncwarp();
+        MbarArriveClusterIf(bar_empty_raw + 8 * r_stage, lane == 0);
         if (++r_stage == kRawStages) { r_stage = 0; r_phase ^= 1; }
       }
     }

@@ -43,6 +43,13 @@ def timed(fn, args, calls, repeats):
     return statistics.median(samples), out
 
 
+def record(title, description, table):
+    """Appends a dated section to benchmarks/RESULTS.md."""
+    path = os.path.join(os.path.dirname(__file__), "RESULTS.md")
+    with open(path, "a") as f:
+        f.write(f"\n## {datetime.date.today().isoformat()} — {title}\n\n{description}\n\n{table}\n")
+
+
 def dequant_bf16(q, sf, rows, k):
     scales = jga.plain_from_physical(sf, rows, k // 32)
     scales = jnp.repeat(scales.astype(jnp.bfloat16), 32, axis=-1)
@@ -143,13 +150,9 @@ def main():
     print(f"{device}, jax {jax.__version__}, TFLOP/s (2MNK / median time), outputs checked against the f32 product")
     print(table)
     if args.record:
-        path = os.path.join(os.path.dirname(__file__), "RESULTS.md")
-        stamp = datetime.date.today().isoformat()
-        with open(path, "a") as f:
-            f.write(f"\n## {stamp} — gemm_amax vs peers on {device}\n\n")
-            f.write(f"`python benchmarks/bench_gemm.py --calls {args.calls} --repeats {args.repeats}`"
-                    f" (jax {jax.__version__}); TFLOP/s = 2MNK / median time, MXFP8 e4m3 operands.\n\n")
-            f.write(table + "\n")
+        record(f"gemm_amax vs peers on {device}",
+               f"`python benchmarks/bench_gemm.py --calls {args.calls} --repeats {args.repeats}`"
+               f" (jax {jax.__version__}); TFLOP/s = 2MNK / median time, MXFP8 e4m3 operands.", table)
 
 
 if __name__ == "__main__":

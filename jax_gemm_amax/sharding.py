@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.interpreters import mlir
-from jax.sharding import NamedSharding
+from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from . import formats
@@ -149,7 +149,17 @@ def _partition(c_dtype, sf_vec_size, tile_m, tile_n, cluster_m, cluster_n, mesh,
     amax_axes = c_m_axes + c_n_axes
     hints = dict(tile_m=tile_m, tile_n=tile_n, cluster_m=cluster_m, cluster_n=cluster_n)
 
+    # lower_fn runs per device: trace it under the mesh with every axis Manual, as shard_map does.
+    # Without this, jax 0.11 traces it under the caller's mesh; on an Explicit mesh the collectives'
+    # reducer bodies then carry sharding annotations and XLA rejects them (GPU: a CHECK failure in
+    # AllReduceThunk; CPU: "Unsupported reduction computation").
+    manual_mesh = mesh.abstract_mesh.update_axis_types({name: AxisType.Manual for name in mesh.axis_names})
+
     def lower_fn(a, b, sfa, sfb):
+        with jax.sharding.use_abstract_mesh(manual_mesh):
+            return local_fn(a, b, sfa, sfb)
+
+    def local_fn(a, b, sfa, sfb):
         if not plan.k:
             c, amax = _local_gemm_amax(a, b, sfa, sfb, c_dtype, sf_vec_size, **hints)
         else:

@@ -343,13 +343,15 @@ def test_vmap_ensemble_of_layers(rng):
 
 _SHARDED = textwrap.dedent(
     """
-    import os
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    import os, sys
+    if os.environ.get("JAX_PLATFORMS") == "cpu":
+        os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
     import jax, jax.numpy as jnp, numpy as np
     from flax import nnx
     from jax_gemm_amax.nn import MXLinear
 
-    mesh = jax.make_mesh((2, 2), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    shape = tuple(int(v) for v in sys.argv[1].split("x"))
+    mesh = jax.make_mesh(shape, ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
     def build():
         return MXLinear(64, 96, rngs=nnx.Rngs(0),
                         kernel_init=nnx.with_partitioning(nnx.initializers.lecun_normal(), (None, "model")),
@@ -377,19 +379,29 @@ _SHARDED = textwrap.dedent(
 )
 
 
+def _run_sharded_layer(platform, mesh_shape):
+    env = dict(os.environ)
+    env.pop("XLA_FLAGS", None)
+    env["JAX_PLATFORMS"] = platform
+    run = subprocess.run(  # cwd: not the repository root, whose source tree would shadow the package
+        [sys.executable, "-c", _SHARDED, mesh_shape], capture_output=True, text=True, env=env, timeout=300,
+        cwd=os.path.dirname(os.path.abspath(__file__)),
+    )
+    assert run.returncode == 0 and run.stdout.strip().endswith("OK"), run.stdout + run.stderr
+
+
 def test_sharded_parameters():
     """Kernel and bias sharded over a 'model' axis, inputs over 'data' (4 CPU devices, Auto
     sharding): same loss, gradients and amax as unsharded, gradients keep the kernel's sharding.
     The three GEMMs go through gemm_amax's partitioning rule (jax_gemm_amax/sharding.py); the
     layer adds no host callback or device_get that would stand in its way."""
-    env = dict(os.environ)
-    env.pop("XLA_FLAGS", None)
-    env["JAX_PLATFORMS"] = "cpu"  # the virtual devices are CPU ones, also on a GPU machine
-    run = subprocess.run(  # cwd: not the repository root, whose source tree would shadow the package
-        [sys.executable, "-c", _SHARDED], capture_output=True, text=True, env=env, timeout=300,
-        cwd=os.path.dirname(os.path.abspath(__file__)),
-    )
-    assert run.returncode == 0 and run.stdout.strip().endswith("OK"), run.stdout + run.stderr
+    _run_sharded_layer("cpu", "2x2")  # the virtual devices are CPU ones, also on a GPU machine
+
+
+@pytest.mark.skipif(jax.default_backend() != "gpu" or jax.device_count() < 2, reason="needs 2 GPUs")
+def test_sharded_parameters_on_two_gpus():
+    """The same on two GPUs, the kernel's N split over a real second device."""
+    _run_sharded_layer("cuda", "1x2")
 
 
 # ---------------------------------------------------------------------------------------------

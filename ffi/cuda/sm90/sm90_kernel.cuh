@@ -178,9 +178,6 @@ __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
 __device__ __forceinline__ void MbarInit(uint32_t bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count));
 }
-__device__ __forceinline__ void MbarArrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-}
 // Predicated arrive (no branch: see FlushAmax).
 __device__ __forceinline__ void MbarArriveIf(uint32_t bar, bool pred) {
   asm volatile(
@@ -254,6 +251,16 @@ __device__ __forceinline__ void BulkLoad(uint32_t dst, const void* src, uint32_t
                : "memory");
 }
 __device__ __forceinline__ void FenceProxyAsync() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+// Hands a raw stage back to the producer after this warp's last read of it. The producer's next
+// write into the stage is a TMA (async proxy), and an mbarrier release orders only generic-proxy
+// accesses: without the proxy fence a read still in flight can return the next slab's bytes (seen
+// on the H200: a few rows of 1-6 tiles per call wrong at 16384x8192x1024; ptxas turns the fence
+// into MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S, which waits for this thread's loads).
+__device__ __forceinline__ void ReleaseRawStage(uint32_t bar, int lane) {
+  FenceProxyAsync();
+  __syncwarp();
+  MbarArriveClusterIf(bar, lane == 0);
+}
 __device__ __forceinline__ void WgmmaFence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void WgmmaCommit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 template <int N>
@@ -779,12 +786,11 @@ __global__ void __launch_bounds__(kThreads, 1)
           tr.Start();
           if (!Experiment(p, kFlagNoFence)) FenceProxyAsync();
           __syncwarp();
-          if (lane == 0) MbarArrive(bar_full_b + 8 * b_stage);
+          MbarArriveIf(bar_full_b + 8 * b_stage, lane == 0);
           tr.Stop(kTrConvFence);
           if (++b_stage == kBStages) { b_stage = 0; b_phase ^= 1; }
         }
-        __syncwarp();
-        MbarArriveClusterIf(bar_empty_raw + 8 * r_stage, lane == 0);
+        ReleaseRawStage(bar_empty_raw + 8 * r_stage, lane);
         if (++r_stage == kRawStages) { r_stage = 0; r_phase ^= 1; }
       }
     }
@@ -903,10 +909,7 @@ __global__ void __launch_bounds__(kThreads, 1)
               svp |= Lds8(s_addr + sf_row_off[mi][rr]) << (8 * (mi * 2 + rr));
             }
           }
-          if (ui == kUPS - 1) {  // the raw stage is no longer read by this warp
-            __syncwarp();
-            MbarArriveClusterIf(bar_empty_raw + 8 * r_stage, lane == 0);
-          }
+          if (ui == kUPS - 1) ReleaseRawStage(bar_empty_raw + 8 * r_stage, lane);  // last read of the stage
 
 #pragma unroll
           for (int mi = 0; mi < MI; ++mi) {

@@ -1,15 +1,18 @@
 #!/bin/bash
 # Builds the SM90 harness. Usage: build.sh OUTDIR [extra nvcc flags...]
-# Run from the repository root. Set CUTLASS_INC if CuTe headers are wanted (not needed today).
+# Run from the repository root. SRC=<dir> builds the kernel from another copy of ffi/ (e.g. a
+# branch's, exported with `git archive BRANCH ffi | tar -x -C other/`, then SRC=other/ffi), so two
+# versions can be compared in one device call; the harness itself always comes from ./ffi.
 set -e
+SRC=${SRC:-ffi}
 OUT=${1:-build_sm90}; shift || true
 mkdir -p "$OUT"
 NVCC=${NVCC:-nvcc}
-FLAGS="-std=c++17 -O3 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -I ffi $*"
+FLAGS="-std=c++17 -O3 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -I $SRC $*"
 SRCS="gemm_amax_sm90 sm90_variant0 sm90_variant1 sm90_variant2 sm90_variant3 sm90_variant4"
 pids=()
 for s in $SRCS; do
-  ( start=$(date +%s%N); $NVCC $FLAGS -Xptxas -v -c ffi/cuda/sm90/$s.cu -o "$OUT/$s.o" > "$OUT/$s.log" 2>&1; rc=$?;
+  ( start=$(date +%s%N); $NVCC $FLAGS -Xptxas -v -c $SRC/cuda/sm90/$s.cu -o "$OUT/$s.o" > "$OUT/$s.log" 2>&1; rc=$?;
     end=$(date +%s%N); echo "$s: rc=$rc $(( (end - start) / 1000000 )) ms (parallel build)" >> "$OUT/times.txt"; exit $rc ) &
   pids+=($!)
 done

@@ -34,6 +34,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <cstdint>
+#include <type_traits>
 
 #include "common/numerics.h"
 #include "common/problem.h"
@@ -702,27 +703,35 @@ __global__ void __launch_bounds__(kThreads, 1)
               ScaleToMul<V>(sv, slab * Tr::kGroupsPerSlab + gis < p.k_groups, m1[gi], m2[gi], big);
               any_big |= big;
             }
-            any_big = __any_sync(0xFFFFFFFFu, any_big);
+            // Two copies of the unit's conversion, the second multiply only in the rare one (a
+            // uniform branch: inside the loop ptxas would issue it predicated for every value).
+            auto convert = [&](auto two_multiplies) {
 #pragma unroll
-            for (int s = 0; s < 4; ++s) {
-              uint32_t lo[4], hi[4];
+              for (int s = 0; s < 4; ++s) {
+                uint32_t lo[4], hi[4];
 #pragma unroll
-              for (int t = 0; t < 4; ++t) {
-                const uint32_t w = (s == 0) ? q[t].x : (s == 1) ? q[t].y : (s == 2) ? q[t].z : q[t].w;
-                uint32_t a0, a1;
-                Fp8WordToRaw<V>(w, a0, a1);
-                const int gi = t >> 1;
-                a0 = MulBF16x2(a0, m1[gi]);
-                a1 = MulBF16x2(a1, m1[gi]);
-                if (any_big) {
-                  a0 = MulBF16x2(a0, m2[gi]);
-                  a1 = MulBF16x2(a1, m2[gi]);
+                for (int t = 0; t < 4; ++t) {
+                  const uint32_t w = (s == 0) ? q[t].x : (s == 1) ? q[t].y : (s == 2) ? q[t].z : q[t].w;
+                  uint32_t a0, a1;
+                  Fp8WordToRaw<V>(w, a0, a1);
+                  const int gi = t >> 1;
+                  a0 = MulBF16x2(a0, m1[gi]);
+                  a1 = MulBF16x2(a1, m1[gi]);
+                  if constexpr (decltype(two_multiplies)::value) {
+                    a0 = MulBF16x2(a0, m2[gi]);
+                    a1 = MulBF16x2(a1, m2[gi]);
+                  }
+                  lo[t] = a0;
+                  hi[t] = a1;
                 }
-                lo[t] = a0;
-                hi[t] = a1;
+                Sts128(dst + (((2 * s) ^ r7) << 4), lo[0], lo[1], lo[2], lo[3]);
+                Sts128(dst + (((2 * s + 1) ^ r7) << 4), hi[0], hi[1], hi[2], hi[3]);
               }
-              Sts128(dst + (((2 * s) ^ r7) << 4), lo[0], lo[1], lo[2], lo[3]);
-              Sts128(dst + (((2 * s + 1) ^ r7) << 4), hi[0], hi[1], hi[2], hi[3]);
+            };
+            if (__any_sync(0xFFFFFFFFu, any_big)) {
+              convert(std::true_type{});
+            } else {
+              convert(std::false_type{});
             }
           } else {
             const int h = ui >> 1, u = ui & 1;
@@ -740,32 +749,38 @@ __global__ void __launch_bounds__(kThreads, 1)
               ScaleToMul<V>(sv[t], slab * Tr::kGroupsPerSlab + gis < p.k_groups, m1[t], m2d, big);
               any_big |= big;
             }
-            any_big = __any_sync(0xFFFFFFFFu, any_big);
+            auto convert = [&](auto two_multiplies) {  // as for fp8: the rare path is a copy
 #pragma unroll
-            for (int ww = 0; ww < 2; ++ww) {
-              uint32_t pr[4][4];  // [pair][t]
+              for (int ww = 0; ww < 2; ++ww) {
+                uint32_t pr[4][4];  // [pair][t]
 #pragma unroll
-              for (int t = 0; t < 4; ++t) {
-                const uint32_t x = ww == 0 ? q2[t].x : q2[t].y;
-                uint32_t a[4];
-                Fp4WordToRaw(x, a[0], a[1], a[2], a[3]);
+                for (int t = 0; t < 4; ++t) {
+                  const uint32_t x = ww == 0 ? q2[t].x : q2[t].y;
+                  uint32_t a[4];
+                  Fp4WordToRaw(x, a[0], a[1], a[2], a[3]);
 #pragma unroll
-                for (int j = 0; j < 4; ++j) pr[j][t] = MulBF16x2(a[j], m1[t]);
-                if (any_big) {
-                  const int gis = GroupInSlab<V>(ui, t);
-                  uint32_t m1d, m2;
-                  bool big;
-                  ScaleToMul<V>(sv[t], slab * Tr::kGroupsPerSlab + gis < p.k_groups, m1d, m2, big);
+                  for (int j = 0; j < 4; ++j) pr[j][t] = MulBF16x2(a[j], m1[t]);
+                  if constexpr (decltype(two_multiplies)::value) {
+                    const int gis = GroupInSlab<V>(ui, t);
+                    uint32_t m1d, m2;
+                    bool big;
+                    ScaleToMul<V>(sv[t], slab * Tr::kGroupsPerSlab + gis < p.k_groups, m1d, m2, big);
 #pragma unroll
-                  for (int j = 0; j < 4; ++j) pr[j][t] = MulBF16x2(pr[j][t], m2);
+                    for (int j = 0; j < 4; ++j) pr[j][t] = MulBF16x2(pr[j][t], m2);
+                  }
+                }
+                // pairs of word ww: (s=2ww,h=0),(2ww,1),(2ww+1,0),(2ww+1,1); chunk = 2s+h.
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                  const int chunk = 2 * (2 * ww + (j >> 1)) + (j & 1);
+                  Sts128(dst + ((chunk ^ r7) << 4), pr[j][0], pr[j][1], pr[j][2], pr[j][3]);
                 }
               }
-              // pairs of word ww: (s=2ww,h=0),(2ww,1),(2ww+1,0),(2ww+1,1); chunk = 2s+h.
-#pragma unroll
-              for (int j = 0; j < 4; ++j) {
-                const int chunk = 2 * (2 * ww + (j >> 1)) + (j & 1);
-                Sts128(dst + ((chunk ^ r7) << 4), pr[j][0], pr[j][1], pr[j][2], pr[j][3]);
-              }
+            };
+            if (__any_sync(0xFFFFFFFFu, any_big)) {
+              convert(std::true_type{});
+            } else {
+              convert(std::false_type{});
             }
           }
           tr.Stop(kTrConvWork);
@@ -869,7 +884,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int ui = 0; ui < kUPS; ++ui) {
           const int gis = GroupInSlab<V>(ui, t);
           const bool gvalid = slab * Tr::kGroupsPerSlab + gis < p.k_groups;
+          // WGMMA descriptor of this unit's BF16 B buffer: start address / 16 (the buffer is
+          // 1024-aligned and below 2^18, so adding k-step offsets never carries out of the field),
+          // leading byte offset 1 (unused with 128B swizzle), stride 1024 B / 16 (8 rows x 128 B),
+          // swizzle mode 1 (128B).
           const uint32_t bufb = smem + S::kOffBufB + b_stage * S::kBufB;
+          const uint64_t desc_b = static_cast<uint64_t>(bufb >> 4) | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) |
+                                  (uint64_t{1} << 62);
           // This unit's A codes (16 bytes per row: chunk `chunk` of the row, 128B-swizzled; every
           // row of this thread has row % 8 == g) and scale bytes of (mi, rr) packed in svp.
           const int chunk = Tr::kFp4 ? 4 * (ui >> 1) + t : 4 * ui + t;
@@ -948,14 +969,17 @@ __global__ void __launch_bounds__(kThreads, 1)
                     Fp4WordToRaw(rawv[mi][rr][w], pr[2 * w][0], pr[2 * w][1], pr[2 * w + 1][0], pr[2 * w + 1][1]);
                 }
 #pragma unroll
-                for (int s = 0; s < 4; ++s) {
+                for (int s = 0; s < 4; ++s)
 #pragma unroll
-                  for (int hh = 0; hh < 2; ++hh) {
-                    uint32_t v = MulBF16x2(pr[s][hh], m1v[rr]);
-                    if (any_big) v = MulBF16x2(v, m2v[rr]);
-                    f[s][rr + 2 * hh] = v;
-                  }
-                }
+                  for (int hh = 0; hh < 2; ++hh) f[s][rr + 2 * hh] = MulBF16x2(pr[s][hh], m1v[rr]);
+              }
+              // Rare (an e8m0 scale above 2^(127-O), or NaN): a second multiplier. One uniform
+              // branch around the block; per value, ptxas would issue it predicated every time.
+              if (any_big) {
+#pragma unroll
+                for (int s = 0; s < 4; ++s)
+#pragma unroll
+                  for (int r = 0; r < 4; ++r) f[s][r] = MulBF16x2(f[s][r], m2v[r & 1]);
               }
             }
             tr.Stop(kTrConsConvert);
@@ -967,11 +991,8 @@ __global__ void __launch_bounds__(kThreads, 1)
               FenceOperand(acc[mi]);
               WgmmaFence();
 #pragma unroll
-              for (int s = 0; s < 4; ++s) {
-                const uint32_t baddr = bufb + s * 32;
-                const uint64_t desc = (static_cast<uint64_t>((baddr & 0x3FFFF) >> 4)) | (static_cast<uint64_t>(1) << 16) |
-                                      (static_cast<uint64_t>(1024 >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
-                WgmmaRS_m64n128k16(acc[mi], f[s][0], f[s][1], f[s][2], f[s][3], desc);
+              for (int s = 0; s < 4; ++s) {  // k-step s starts 32 bytes (2 descriptor units) further
+                WgmmaRS_m64n128k16(acc[mi], f[s][0], f[s][1], f[s][2], f[s][3], desc_b + 2 * s);
               }
               WgmmaCommit();
             }

@@ -144,6 +144,7 @@ cudaError_t LaunchWithOptions(const GemmAmaxProblem& p, const GemmAmaxBuffers& b
   k.c = buf.c;
   k.amax = buf.amax;
   k.c_type = static_cast<int>(p.c_type);
+  k.c_aligned16 = (reinterpret_cast<uintptr_t>(buf.c) % 16 == 0 && p.c_row_bytes() % 16 == 0) ? 1 : 0;
   k.flags = (opt.skip_amax ? kFlagNoAmax : 0) | (opt.experiment_flags & ~kFlagNoAmax);
   k.trace = opt.trace;
   k.tiles_m = static_cast<int>(CeilDiv(p.m, 128 * mi));

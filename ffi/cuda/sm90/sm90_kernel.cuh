@@ -77,6 +77,7 @@ struct KParams {
   void* c;
   float* amax;
   int c_type;
+  int c_aligned16;     // every C row starts 16-byte aligned: full tiles take the staged epilogue
   int flags;           // bit 0: skip amax
   unsigned long long* trace;  // JGA_SM90_TRACE builds only: kTraceSlots cycle counters
   int tiles_m, tiles_n;
@@ -117,6 +118,8 @@ constexpr int kFlagNoScales = 64;    // experiment: producer skips the scale-blo
 constexpr int kFlagNoBLoad = 128;    // experiment: producer skips the B tile
 constexpr int kFlagNoFence = 256;    // experiment: converter skips the proxy fence (unsafe)
 constexpr int kBN = 128;
+// Epilogue staging buffer of each of the 8 consumer warps (see Epilogue).
+constexpr int kStageBytesPerWarp = 1024;
 
 template <int V, int MI>
 struct Smem {
@@ -129,7 +132,7 @@ struct Smem {
   static constexpr int kSfA = MI * Tr::kScaleBlocksPerSlab * 512;
   static constexpr int kSfB = Tr::kScaleBlocksPerSlab * 512;
   static constexpr int kRawBytes = kRawStages * (kRawA + kRawB + kSfA + kSfB);
-  static constexpr int kBStages = (kRawBytes + 4 * kBufB + 1024 + 256 <= 227 * 1024) ? 4 : 3;
+  static constexpr int kBStages = (kRawBytes + 4 * kBufB + 1024 + 256 + 8 * kStageBytesPerWarp <= 227 * 1024) ? 4 : 3;
   static constexpr int kOffRawA = 0;
   static constexpr int kOffRawB = kOffRawA + kRawStages * kRawA;
   static constexpr int kOffBufB = kOffRawB + kRawStages * kRawB;
@@ -137,7 +140,8 @@ struct Smem {
   static constexpr int kOffSfB = kOffSfA + kRawStages * kSfA;
   static constexpr int kOffBar = kOffSfB + kRawStages * kSfB;
   static constexpr int kNumBars = 2 * kRawStages + 2 * kBStages;
-  static constexpr int kBytes = kOffBar + kNumBars * 8;
+  static constexpr int kOffStage = (kOffBar + kNumBars * 8 + 127) / 128 * 128;  // epilogue staging, 1 KB per consumer warp
+  static constexpr int kBytes = kOffStage + 8 * kStageBytesPerWarp;
   static constexpr int kDynBytes = kBytes + 1024;  // slack for 1024-byte alignment
   static constexpr uint32_t kTxBytes = kRawA + kRawB + kSfA + kSfB;
 };
@@ -400,63 +404,51 @@ __device__ __forceinline__ uint32_t EncodeFp4Nibble(float x) {
   return c | (signbit(x) ? 0x8u : 0u);
 }
 
-__device__ __forceinline__ void StorePair(void* c, int c_type, size_t idx, float v0, float v1, bool two) {
-  switch (c_type) {
-    case static_cast<int>(OutputType::kF32): {
-      float* p = static_cast<float*>(c) + idx;
-      if (two) {
-        *reinterpret_cast<float2*>(p) = make_float2(v0, v1);
-      } else {
-        p[0] = v0;
-      }
-      break;
-    }
-    case static_cast<int>(OutputType::kF16): {
-      __half2 h = __floats2half2_rn(v0, v1);
-      __half* p = static_cast<__half*>(c) + idx;
-      if (two) {
-        *reinterpret_cast<__half2*>(p) = h;
-      } else {
-        p[0] = __low2half(h);
-      }
-      break;
-    }
-    case static_cast<int>(OutputType::kBF16): {
-      __nv_bfloat162 h = __floats2bfloat162_rn(v0, v1);
-      __nv_bfloat16* p = static_cast<__nv_bfloat16*>(c) + idx;
-      if (two) {
-        *reinterpret_cast<__nv_bfloat162*>(p) = h;
-      } else {
-        p[0] = __low2bfloat16(h);
-      }
-      break;
-    }
-    case static_cast<int>(OutputType::kE4M3):
-    case static_cast<int>(OutputType::kE5M2): {
-      uint16_t r;
-      if (c_type == static_cast<int>(OutputType::kE4M3)) {
-        asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(v1), "f"(v0));
-      } else {
-        asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(r) : "f"(v1), "f"(v0));
-      }
-      uint8_t* p = static_cast<uint8_t*>(c) + idx;
-      if (two) {
-        *reinterpret_cast<uint16_t*>(p) = r;
-      } else {
-        p[0] = static_cast<uint8_t>(r & 0xFF);
-      }
-      break;
-    }
-    default: {  // packed e2m1: idx is even
-      uint8_t* p = static_cast<uint8_t*>(c) + idx / 2;
-      uint32_t lo = EncodeFp4Nibble(v0);
-      if (two) {
-        *p = static_cast<uint8_t>(lo | (EncodeFp4Nibble(v1) << 4));
-      } else {
-        *p = static_cast<uint8_t>(lo);  // cannot happen (N even for packed fp4)
-      }
-      break;
-    }
+// Two adjacent elements of C (col even) encoded in the output format: f32 8 bytes, f16/bf16 4,
+// fp8 2, packed e2m1 1 (low nibble first). The FP8/FP4 formats saturate.
+template <int CT>
+constexpr int kPairBytes = CT == 0 ? 8 : CT <= 2 ? 4 : CT <= 4 ? 2 : 1;
+template <int CT>
+__device__ __forceinline__ uint64_t EncodePair(float v0, float v1) {
+  if constexpr (CT == static_cast<int>(OutputType::kF32)) {
+    return static_cast<uint64_t>(__float_as_uint(v0)) | (static_cast<uint64_t>(__float_as_uint(v1)) << 32);
+  } else if constexpr (CT == static_cast<int>(OutputType::kF16)) {
+    const __half2 h = __floats2half2_rn(v0, v1);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  } else if constexpr (CT == static_cast<int>(OutputType::kBF16)) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(v0, v1);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  } else if constexpr (CT == static_cast<int>(OutputType::kE4M3)) {
+    uint16_t r;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(v1), "f"(v0));
+    return r;
+  } else if constexpr (CT == static_cast<int>(OutputType::kE5M2)) {
+    uint16_t r;
+    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(r) : "f"(v1), "f"(v0));
+    return r;
+  } else {
+    return EncodeFp4Nibble(v0) | (EncodeFp4Nibble(v1) << 4);
+  }
+}
+
+// Stores one pair (or, if !two, its first element) at element index idx (even for packed e2m1,
+// where N is even so `two` always holds).
+template <int CT>
+__device__ __forceinline__ void StorePair(void* c, size_t idx, float v0, float v1, bool two) {
+  constexpr int PB = kPairBytes<CT>;
+  const uint64_t bits = EncodePair<CT>(v0, v1);
+  uint8_t* p = static_cast<uint8_t*>(c) + (PB == 1 ? idx / 2 : idx * (PB / 2));
+  if constexpr (PB == 8) {
+    if (two) *reinterpret_cast<uint2*>(p) = make_uint2(static_cast<uint32_t>(bits), static_cast<uint32_t>(bits >> 32));
+    else *reinterpret_cast<uint32_t*>(p) = static_cast<uint32_t>(bits);
+  } else if constexpr (PB == 4) {
+    if (two) *reinterpret_cast<uint32_t*>(p) = static_cast<uint32_t>(bits);
+    else *reinterpret_cast<uint16_t*>(p) = static_cast<uint16_t>(bits);
+  } else if constexpr (PB == 2) {
+    if (two) *reinterpret_cast<uint16_t*>(p) = static_cast<uint16_t>(bits);
+    else *p = static_cast<uint8_t>(bits);
+  } else {
+    *p = static_cast<uint8_t>(bits);
   }
 }
 
@@ -477,54 +469,90 @@ __device__ __forceinline__ void FlushAmax(float m, float* amax, int l) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Epilogue of one consumer thread: rows m0 + mi*64 + {0, 8}, columns n0 + 8j + {0, 1}.
+// Epilogue of one consumer thread: rows row_w + g + mi*64 + {0, 8} (row_w: the warp's first row),
+// columns col_t + 2t + 8j + {0, 1} (col_t: the tile's first column).
+//
+// Full tiles whose C rows start 16-byte aligned go through a 1 KB shared-memory staging buffer of
+// the warp: per round the warp writes 8 rows x RB bytes of C there in its fragment layout, reads
+// them back as 16-byte row chunks and stores whole 64/128-byte row segments (STG.128). Stored
+// straight from the fragment layout, one warp store covered 8 rows x 16 bytes (bf16): 8 L1
+// wavefronts for 512 bytes, which made the epilogue ~22% of the time at 16384x8192x1024
+// (JGA_SM90_TRACE, session 5). Staged chunks are XOR-swizzled so that the fragment-layout writes
+// are free of bank conflicts.
 template <int CT, int MI, bool kFp4>
-__device__ __forceinline__ void Epilogue(float (&acc)[MI][64], const KParams& p, int l, int m0, int n0, bool full,
-                                         float& amax_run) {
+__device__ __forceinline__ void Epilogue(float (&acc)[MI][64], const KParams& p, int l, int row_w, int col_t,
+                                         bool full, uint32_t stage, int lane, float& amax_run) {
+  const int g = lane >> 2, t = lane & 3;
   const size_t batch_off = static_cast<size_t>(l) * p.m;
-  if (full) {
+  auto value = [&](int mi, int i) { return kFp4 ? acc[mi][i] * 65536.0f : acc[mi][i]; };
+  if (full && p.c_aligned16) {
+    constexpr int PB = kPairBytes<CT>;        // bytes of one thread's pair; 4 * PB per row per j
+    constexpr int RB = PB == 1 ? 64 : 128;     // staged bytes per row and round (a tile row of e2m1 is 64)
+    constexpr int JR = RB / (4 * PB);          // 8-column groups per round
+    constexpr int CPR = RB / 16;               // 16-byte chunks per staged row
+    // Chunk swizzle: the 8 rows of a fragment-layout store land in distinct banks.
+    auto swz = [](int row, int chunk) { return PB == 8 ? chunk ^ ((2 * row) & 6) : PB == 1 ? chunk ^ ((row >> 1) & 3) : chunk ^ (row & 7); };
+    const size_t row_pitch = static_cast<size_t>(p.n) * PB / 2;  // bytes (PB / 2 per element; e2m1: n / 2)
+    uint8_t* const c_tile = static_cast<uint8_t*>(p.c) + (batch_off + row_w) * row_pitch + static_cast<size_t>(col_t) * PB / 2;
 #pragma unroll
     for (int mi = 0; mi < MI; ++mi) {
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr) {
-        const size_t row_idx = (batch_off + m0 + mi * 64 + rr * 8) * static_cast<size_t>(p.n) + n0;
 #pragma unroll
-        for (int j = 0; j < 16; ++j) {
-          float v0 = acc[mi][4 * j + 2 * rr];
-          float v1 = acc[mi][4 * j + 2 * rr + 1];
-          if constexpr (kFp4) {
-            v0 *= 65536.0f;
-            v1 *= 65536.0f;
+        for (int cb = 0; cb < 16 / JR; ++cb) {
+#pragma unroll
+          for (int jj = 0; jj < JR; ++jj) {
+            const int j = cb * JR + jj;
+            const float v0 = value(mi, 4 * j + 2 * rr), v1 = value(mi, 4 * j + 2 * rr + 1);
+            amax_run = AbsMaxNaN(amax_run, v0);
+            amax_run = AbsMaxNaN(amax_run, v1);
+            const uint64_t bits = EncodePair<CT>(v0, v1);
+            const int off = jj * 4 * PB + t * PB;
+            const uint32_t addr = stage + g * RB + (swz(g, off >> 4) << 4) + (off & 15);
+            if constexpr (PB == 8) {
+              asm volatile("st.shared.v2.b32 [%0], {%1, %2};" ::"r"(addr), "r"(static_cast<uint32_t>(bits)),
+                           "r"(static_cast<uint32_t>(bits >> 32)));
+            } else if constexpr (PB == 4) {
+              asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(static_cast<uint32_t>(bits)));
+            } else if constexpr (PB == 2) {
+              asm volatile("st.shared.b16 [%0], %1;" ::"r"(addr), "h"(static_cast<uint16_t>(bits)));
+            } else {
+              asm volatile("st.shared.b8 [%0], %1;" ::"r"(addr), "r"(static_cast<uint32_t>(bits)));
+            }
           }
-          amax_run = AbsMaxNaN(amax_run, v0);
-          amax_run = AbsMaxNaN(amax_run, v1);
-          StorePair(p.c, CT, row_idx + 8 * j, v0, v1, true);
+          __syncwarp();
+#pragma unroll
+          for (int h = 0; h < CPR / 4; ++h) {
+            const int r = h * (32 / CPR) + lane / CPR, c = lane % CPR;
+            const uint4 v = Lds128(stage + r * RB + (swz(r, c) << 4));
+            uint8_t* dst = c_tile + (mi * 64 + rr * 8 + r) * row_pitch + cb * RB + c * 16;
+            asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                         : "memory");
+          }
+          __syncwarp();
         }
       }
     }
-  } else {
+    return;
+  }
 #pragma unroll 1
-    for (int mi = 0; mi < MI; ++mi) {
+  for (int mi = 0; mi < MI; ++mi) {
 #pragma unroll
-      for (int rr = 0; rr < 2; ++rr) {
-        const int row = m0 + mi * 64 + rr * 8;
-        if (row >= p.m) continue;
-        const size_t row_idx = (batch_off + row) * static_cast<size_t>(p.n);
+    for (int rr = 0; rr < 2; ++rr) {
+      const int row = row_w + g + mi * 64 + rr * 8;
+      if (row >= p.m) continue;
+      const size_t row_idx = (batch_off + row) * static_cast<size_t>(p.n);
 #pragma unroll
-        for (int j = 0; j < 16; ++j) {
-          const int col = n0 + 8 * j;
-          if (col >= p.n) continue;
-          float v0 = (mi == 0) ? acc[0][4 * j + 2 * rr] : acc[MI - 1][4 * j + 2 * rr];
-          float v1 = (mi == 0) ? acc[0][4 * j + 2 * rr + 1] : acc[MI - 1][4 * j + 2 * rr + 1];
-          if constexpr (kFp4) {
-            v0 *= 65536.0f;
-            v1 *= 65536.0f;
-          }
-          const bool two = col + 1 < p.n;
-          amax_run = AbsMaxNaN(amax_run, v0);
-          if (two) amax_run = AbsMaxNaN(amax_run, v1);
-          StorePair(p.c, CT, row_idx + col, v0, v1, two);
-        }
+      for (int j = 0; j < 16; ++j) {
+        const int col = col_t + 2 * t + 8 * j;
+        if (col >= p.n) continue;
+        // acc[mi] with a run-time mi would be indexed through local memory.
+        const float v0 = (mi == 0) ? value(0, 4 * j + 2 * rr) : value(MI - 1, 4 * j + 2 * rr);
+        const float v1 = (mi == 0) ? value(0, 4 * j + 2 * rr + 1) : value(MI - 1, 4 * j + 2 * rr + 1);
+        const bool two = col + 1 < p.n;
+        amax_run = AbsMaxNaN(amax_run, v0);
+        if (two) amax_run = AbsMaxNaN(amax_run, v1);
+        StorePair<CT>(p.c, row_idx + col, v0, v1, two);
       }
     }
   }
@@ -1025,17 +1053,20 @@ __global__ void __launch_bounds__(kThreads, 1)
       // ---- epilogue: one straight-line path per output dtype (switch once per tile) ----
       tr.Start();
       if (!Experiment(p, kFlagNoEpilogue)) {
-        const int m0 = tc.mt * kBM + wg * 64 * MI + warp * 16 + g;
-        const int nt = tc.nt * kCluster + rank;
-        const int n0 = nt * kBN + 2 * t;
-        const bool full = (tc.mt * kBM + kBM <= p.m) && (nt * kBN + kBN <= p.n);
+        const int row_w = tc.mt * kBM + wg * 64 * MI + warp * 16;
+        const int col_t = (tc.nt * kCluster + rank) * kBN;
+        const bool full = (tc.mt * kBM + kBM <= p.m) && (col_t + kBN <= p.n);
+        const uint32_t stage = smem + S::kOffStage + (warp_idx - 8) * kStageBytesPerWarp;
+        auto epilogue = [&](auto ct) {
+          Epilogue<decltype(ct)::value, MI, Tr::kFp4>(acc, p, tc.l, row_w, col_t, full, stage, lane, amax_run);
+        };
         switch (p.c_type) {
-          case static_cast<int>(OutputType::kF32): Epilogue<0, MI, Tr::kFp4>(acc, p, tc.l, m0, n0, full, amax_run); break;
-          case static_cast<int>(OutputType::kF16): Epilogue<1, MI, Tr::kFp4>(acc, p, tc.l, m0, n0, full, amax_run); break;
-          case static_cast<int>(OutputType::kBF16): Epilogue<2, MI, Tr::kFp4>(acc, p, tc.l, m0, n0, full, amax_run); break;
-          case static_cast<int>(OutputType::kE4M3): Epilogue<3, MI, Tr::kFp4>(acc, p, tc.l, m0, n0, full, amax_run); break;
-          case static_cast<int>(OutputType::kE5M2): Epilogue<4, MI, Tr::kFp4>(acc, p, tc.l, m0, n0, full, amax_run); break;
-          default: Epilogue<5, MI, Tr::kFp4>(acc, p, tc.l, m0, n0, full, amax_run); break;
+          case static_cast<int>(OutputType::kF32): epilogue(std::integral_constant<int, 0>{}); break;
+          case static_cast<int>(OutputType::kF16): epilogue(std::integral_constant<int, 1>{}); break;
+          case static_cast<int>(OutputType::kBF16): epilogue(std::integral_constant<int, 2>{}); break;
+          case static_cast<int>(OutputType::kE4M3): epilogue(std::integral_constant<int, 3>{}); break;
+          case static_cast<int>(OutputType::kE5M2): epilogue(std::integral_constant<int, 4>{}); break;
+          default: epilogue(std::integral_constant<int, 5>{}); break;
         }
       }
       tr.Stop(kTrConsEpilogue);

@@ -385,6 +385,13 @@ static void TestAll() {
       RunAndCheck(hp, ref, ct, 128, tag);
       RunAndCheck(hp, ref, ct, 256, tag);
     }
+    // Shape 1b: only full tiles, C rows 16-byte aligned in every C dtype (the staged epilogue).
+    for (OutputType ct : cts) {
+      HostProblem hp = MakeProblem(cb, 1, 256, 384, 160, rng, 120, 134);
+      Ref ref = Reference(hp);
+      RunAndCheck(hp, ref, ct, 128, "full tiles M=256 N=384 K=160");
+      RunAndCheck(hp, ref, ct, 256, "full tiles M=256 N=384 K=160");
+    }
     // Shape 2: odd M, K=288 (scale-block clamp for sfv16), wide scale range (two-multiply path).
     {
       HostProblem hp = MakeProblem(cb, 2, 300, 272, 288, rng, 100, 160);

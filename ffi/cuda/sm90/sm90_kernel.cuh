@@ -304,6 +304,11 @@ __device__ __forceinline__ uint2 Lds64(uint32_t addr) {
   asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "r"(addr));
   return v;
 }
+__device__ __forceinline__ uint32_t Lds32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(addr));
+  return v;
+}
 __device__ __forceinline__ uint32_t Lds8(uint32_t addr) {
   uint32_t v;
   asm volatile("ld.shared.u8 %0, [%1];" : "=r"(v) : "r"(addr));
@@ -903,6 +908,15 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         const uint32_t raw_a = smem + S::kOffRawA + r_stage * S::kRawA;
         const uint32_t sfa = smem + S::kOffSfA + r_stage * S::kSfA;
+        // fp8: all four scale bytes of the slab of each of this thread's rows are one aligned word;
+        // loaded once per slab, they are in registers long before the second unit needs them.
+        uint32_t sf_words[MI][2] = {};
+        if constexpr (!Tr::kFp4) {
+#pragma unroll
+          for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+            for (int rr = 0; rr < 2; ++rr) sf_words[mi][rr] = Lds32(sfa + sf_row_off[mi][rr]);
+        }
         constexpr int RW = Tr::kFp4 ? 2 : 4;
         // Units run as a real loop (two at a time when MI == 1, so that the fragment buffer index
         // stays a compile-time constant): fully unrolled, ptxas gives every step's fragments
@@ -920,7 +934,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           const uint64_t desc_b = static_cast<uint64_t>(bufb >> 4) | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) |
                                   (uint64_t{1} << 62);
           // This unit's A codes (16 bytes per row: chunk `chunk` of the row, 128B-swizzled; every
-          // row of this thread has row % 8 == g) and scale bytes of (mi, rr) packed in svp.
+          // row of this thread has row % 8 == g) and, fp4, scale bytes of (mi, rr) packed in svp.
           const int chunk = Tr::kFp4 ? 4 * (ui >> 1) + t : 4 * ui + t;
           const uint32_t a_addr = raw_a + a_row_off + (((chunk ^ g) << 4) | (Tr::kFp4 ? 8 * (ui & 1) : 0));
           const uint32_t s_addr = sfa + (gis >> 2) * 512 + (gis & 3);
@@ -938,10 +952,17 @@ __global__ void __launch_bounds__(kThreads, 1)
                 const uint2 q = Lds64(addr);
                 rawv[mi][rr][0] = q.x; rawv[mi][rr][1] = q.y;
               }
-              svp |= Lds8(s_addr + sf_row_off[mi][rr]) << (8 * (mi * 2 + rr));
+              if constexpr (Tr::kFp4) svp |= Lds8(s_addr + sf_row_off[mi][rr]) << (8 * (mi * 2 + rr));
             }
           }
-          if (ui == kUPS - 1) ReleaseRawStage(bar_empty_raw + 8 * r_stage, lane);  // last read of the stage
+          const uint32_t sf_sel = 0x4440u + static_cast<uint32_t>(gis & 3);  // PRMT: byte gis of a word
+          auto scale_byte = [&](int mi, int rr) -> uint32_t {
+            if constexpr (Tr::kFp4) {
+              return (svp >> (8 * (mi * 2 + rr))) & 0xFFu;
+            } else {
+              return __byte_perm(sf_words[mi][rr], 0u, sf_sel);
+            }
+          };
 
 #pragma unroll
           for (int mi = 0; mi < MI; ++mi) {
@@ -962,12 +983,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
               for (int rr = 0; rr < 2; ++rr) {
                 bool big;
-                ScaleToMul<V>((svp >> (8 * (mi * 2 + rr))) & 0xFFu, gvalid, m1v[rr], m2v[rr], big);
+                ScaleToMul<V>(scale_byte(mi, rr), gvalid, m1v[rr], m2v[rr], big);
               }
               any_big = false;
             } else {
               // e8m0: one multiply unless a byte of this warp is above kT (rare: scale > 2^(127-O)).
-              const uint32_t s0 = (svp >> (16 * mi)) & 0xFFu, s1 = (svp >> (16 * mi + 8)) & 0xFFu;
+              const uint32_t s0 = scale_byte(mi, 0), s1 = scale_byte(mi, 1);
               any_big = __any_sync(0xFFFFFFFFu, gvalid && max(s0, s1) > static_cast<uint32_t>(Tr::kT));
               if (!any_big) {
                 m1v[0] = gvalid ? (s0 + Tr::kOD) * 0x00800080u : 0u;
@@ -1010,6 +1031,9 @@ __global__ void __launch_bounds__(kThreads, 1)
                   for (int r = 0; r < 4; ++r) f[s][r] = MulBF16x2(f[s][r], m2v[r & 1]);
               }
             }
+            // The slab's last step has consumed every value loaded from the raw stage: hand it back
+            // (after the conversion, so that the fence finds no load of this thread in flight).
+            if (ui == kUPS - 1 && mi == MI - 1) ReleaseRawStage(bar_empty_raw + 8 * r_stage, lane);
             tr.Stop(kTrConsConvert);
             tr.Start();
             if (mi == 0) MbarWait(bar_full_b + 8 * b_stage, b_phase);

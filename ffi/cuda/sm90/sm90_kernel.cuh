@@ -412,7 +412,7 @@ __device__ __forceinline__ uint32_t EncodeFp4Nibble(float x) {
 // Two adjacent elements of C (col even) encoded in the output format: f32 8 bytes, f16/bf16 4,
 // fp8 2, packed e2m1 1 (low nibble first). The FP8/FP4 formats saturate.
 template <int CT>
-constexpr int kPairBytes = CT == 0 ? 8 : CT <= 2 ? 4 : CT <= 4 ? 2 : 1;
+constexpr int kPairBytes = OutputBits(static_cast<OutputType>(CT)) / 4;
 template <int CT>
 __device__ __forceinline__ uint64_t EncodePair(float v0, float v1) {
   if constexpr (CT == static_cast<int>(OutputType::kF32)) {

@@ -1,6 +1,7 @@
 """Side-by-side GEMM benchmark: gemm_amax against the peers a JAX user has, in one process.
 
-For each shape (M, N, K), on MXFP8 (e4m3 values, e8m0 scales per 32) operands from random data:
+For each shape (M, N, K), on operands of one format (`--format`, default MXFP8: e4m3 values, e8m0
+scales per 32) quantized from random data:
   * gemm_amax, bf16 C and f32 C (amax fused)
   * XLA: dequantize to bf16 -> jnp.dot (cuBLAS) -> amax
   * jax.nn.scaled_matmul (f32 out) -> amax            (GPU only: it has no CPU lowering)
@@ -10,6 +11,7 @@ TFLOP/s = 2MNK / time, and its output is checked against the float32 dequantized
 
     python benchmarks/bench_gemm.py                 # default shapes, prints a markdown table
     python benchmarks/bench_gemm.py --record        # also appends the table to benchmarks/RESULTS.md
+    python benchmarks/bench_gemm.py --format nvfp4  # NVFP4 operands (a peer that cannot run it: n/a)
 """
 
 from __future__ import annotations
@@ -56,15 +58,20 @@ def dequant_bf16(q, sf, rows, k):
     return q.astype(jnp.bfloat16) * scales
 
 
-def build_candidates(on_gpu):
+def build_candidates(on_gpu, fmt):
+    sfv = jga.FORMATS[fmt].sf_vec_size
+
     def ours(c_dtype):
-        return jax.jit(lambda qa, qb, sfa, sfb, xa, xb: jga.gemm_amax(qa, qb, sfa, sfb, c_dtype=c_dtype))
+        return jax.jit(lambda qa, qb, sfa, sfb, xa, xb: jga.gemm_amax(qa, qb, sfa, sfb, c_dtype=c_dtype, sf_vec_size=sfv))
+
+    def to_bf16(q, sf):  # MXFP8 in bf16 arithmetic (the measured baseline); other formats generic
+        if fmt.startswith("mxfp8"):
+            return dequant_bf16(q, sf, q.shape[0], q.shape[1])
+        return jga.dequantize(q, sf, sfv, dtype=jnp.bfloat16)
 
     @jax.jit
     def xla_dequant(qa, qb, sfa, sfb, xa, xb):
-        a = dequant_bf16(qa, sfa, qa.shape[0], qa.shape[1])
-        b = dequant_bf16(qb, sfb, qb.shape[0], qb.shape[1])
-        c = jnp.dot(a, b.T)
+        c = jnp.dot(to_bf16(qa, sfa), to_bf16(qb, sfb).T)
         return c, jnp.max(jnp.abs(c))
 
     @jax.jit
@@ -83,7 +90,7 @@ def build_candidates(on_gpu):
         "gemm_amax f32": ours(jnp.float32),
         "XLA dequant→bf16 dot→amax": xla_dequant,
     }
-    if on_gpu:
+    if on_gpu and fmt.startswith("mxfp8"):  # operands as quantize() returns them; FP4 would need repacking
         cands["jax.nn.scaled_matmul f32 + amax"] = scaled_matmul
     cands["bf16 dot, no scales (cuBLAS)"] = cublas_bf16
     return cands
@@ -94,18 +101,20 @@ def main():
     parser.add_argument("--shapes", default=None, help="e.g. 8192x8192x8192,256x8192x8192")
     parser.add_argument("--calls", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--format", default="mxfp8_e4m3", choices=sorted(jga.FORMATS), help="operand format")
     parser.add_argument("--record", action="store_true", help="append the table to benchmarks/RESULTS.md")
     args = parser.parse_args()
+    fmt, sfv = args.format, jga.FORMATS[args.format].sf_vec_size
 
     on_gpu = jax.default_backend() == "gpu"
     shapes = GPU_SHAPES if on_gpu else CPU_SHAPES
     if args.shapes:
         shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
-    cands = build_candidates(on_gpu)
+    cands = build_candidates(on_gpu, fmt)
     device = jax.devices()[0].device_kind
 
     peers = {"cuBLAS bf16": "bf16 dot, no scales (cuBLAS)", "XLA dequant": "XLA dequant→bf16 dot→amax"}
-    if on_gpu:
+    if "jax.nn.scaled_matmul f32 + amax" in cands:
         peers["scaled_matmul"] = "jax.nn.scaled_matmul f32 + amax"
     header = "| M×N×K | " + " | ".join(cands) + " | " + " | ".join(f"ours bf16 / {p}" for p in peers) + " |"
     rows = [header, "|" + "---|" * (len(cands) + len(peers) + 1)]
@@ -114,8 +123,8 @@ def main():
         kx, kw = jax.random.split(jax.random.key(m * 7 + n * 3 + k))
         x = jax.random.normal(kx, (m, k), jnp.float32)
         w = jax.random.normal(kw, (n, k), jnp.float32)
-        qa, sfa = jga.quantize(x, "mxfp8_e4m3")
-        qb, sfb = jga.quantize(w, "mxfp8_e4m3")
+        qa, sfa = jga.quantize(x, fmt)
+        qb, sfb = jga.quantize(w, fmt)
         xa, xb = x.astype(jnp.bfloat16), w.astype(jnp.bfloat16)
         del x, w
         ops = (qa, qb, sfa, sfb, xa, xb)
@@ -128,8 +137,8 @@ def main():
             if name.startswith("XLA"):
                 continue
             if ref is None and not name.startswith("bf16"):
-                a32 = jga.dequantize(qa, sfa)
-                b32 = jga.dequantize(qb, sfb)
+                a32 = jga.dequantize(qa, sfa, sfv)
+                b32 = jga.dequantize(qb, sfb, sfv)
                 ref_c = jnp.dot(a32, b32.T, precision=jax.lax.Precision.HIGHEST)
                 ref = (ref_c, float(jnp.max(jnp.abs(ref_c))))
             if amax is not None:
@@ -147,12 +156,13 @@ def main():
 
     table = "\n".join(rows)
     print()
-    print(f"{device}, jax {jax.__version__}, TFLOP/s (2MNK / median time), outputs checked against the f32 product")
+    print(f"{device}, jax {jax.__version__}, {fmt}, TFLOP/s (2MNK / median time), outputs checked against the f32 product")
     print(table)
     if args.record:
+        shape_arg = f" --shapes {args.shapes}" if args.shapes else ""
         record(f"gemm_amax vs peers on {device}",
-               f"`python benchmarks/bench_gemm.py --calls {args.calls} --repeats {args.repeats}`"
-               f" (jax {jax.__version__}); TFLOP/s = 2MNK / median time, MXFP8 e4m3 operands.", table)
+               f"`python benchmarks/bench_gemm.py --format {fmt}{shape_arg} --calls {args.calls} --repeats {args.repeats}`"
+               f" (jax {jax.__version__}); TFLOP/s = 2MNK / median time, {fmt} operands.", table)
 
 
 if __name__ == "__main__":

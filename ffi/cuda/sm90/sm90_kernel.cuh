@@ -113,7 +113,6 @@ constexpr int kFlagNoMma = 2;    // experiment: consumers skip WGMMA (wrong resu
 constexpr int kFlagNoConvB = 4;  // experiment: converter skips B conversion (wrong results)
 constexpr int kFlagNoConvA = 8;  // experiment: consumers skip A conversion (wrong results)
 constexpr int kFlagNoEpilogue = 16;  // experiment: no C stores, no amax (wrong results)
-constexpr int kFlagRawOnly = 32;     // experiment: only the raw ring (wait full, release) runs
 constexpr int kFlagNoScales = 64;    // experiment: producer skips the scale-block copies
 constexpr int kFlagNoBLoad = 128;    // experiment: producer skips the B tile
 constexpr int kFlagNoFence = 256;    // experiment: converter skips the proxy fence (unsafe)
@@ -704,12 +703,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         tr.Start();
         MbarWait(bar_full_raw + 8 * r_stage, r_phase);
         tr.Stop(kTrConvWaitRaw);
-        if (Experiment(p, kFlagRawOnly)) {
-          __syncwarp();
-          MbarArriveClusterIf(bar_empty_raw + 8 * r_stage, lane == 0);
-          if (++r_stage == kRawStages) { r_stage = 0; r_phase ^= 1; }
-          continue;
-        }
         const uint32_t raw = smem + S::kOffRawB + r_stage * S::kRawB + n_local * 128;
         const uint32_t sfb = smem + S::kOffSfB + r_stage * S::kSfB + SfInBlock(n_local, 0);
 #pragma unroll 1
@@ -900,12 +893,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         tr.Start();
         MbarWait(bar_full_raw + 8 * r_stage, r_phase);
         tr.Stop(kTrConsWaitRaw);
-        if (Experiment(p, kFlagRawOnly)) {
-          __syncwarp();
-          MbarArriveClusterIf(bar_empty_raw + 8 * r_stage, lane == 0);
-          if (++r_stage == kRawStages) { r_stage = 0; r_phase ^= 1; }
-          continue;
-        }
         const uint32_t raw_a = smem + S::kOffRawA + r_stage * S::kRawA;
         const uint32_t sfa = smem + S::kOffSfA + r_stage * S::kSfA;
         // fp8: all four scale bytes of the slab of each of this thread's rows are one aligned word;

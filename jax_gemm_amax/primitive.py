@@ -74,13 +74,38 @@ def _ffi_lowering(ctx, a, b, sfa, sfb, *, target, c_dtype, sf_vec_size, tile_m, 
     )
 
 
-def _cuda_lowering(ctx, *args, **params):
+# Split-K workspace of the SM90 kernel (C++: sm90::WorkspaceBytes in gemm_amax_sm90.{h,cu}, which
+# this mirrors; a different size only narrows the kernel's choice of plans, it never breaks a call).
+_SM90_MAX_SPLITS = 4
+_SM90_SPLIT_MAX_ELEMS = 1 << 22  # fp32 elements of C padded to 256x128 tiles
+
+
+def _cuda_workspace_bytes(batch: int, m: int, n: int) -> int:
+    """Device workspace the CUDA handler gets: fp32 split-K partial tiles and per-tile counters for
+    problems with few output tiles (0 for most problems)."""
+    cdiv = lambda x, y: -(-x // y)  # noqa: E731
+    elems = cdiv(m, 256) * 256 * cdiv(n, 128) * 128 * batch
+    if elems > _SM90_SPLIT_MAX_ELEMS:
+        return 0
+    slots = _SM90_MAX_SPLITS - 1 if elems <= _SM90_SPLIT_MAX_ELEMS // 4 else 1
+    counters = cdiv(cdiv(m, 128) * cdiv(n, 128) * batch * 4, 256) * 256
+    return counters + slots * elems * 4
+
+
+def _cuda_lowering(ctx, a, b, sfa, sfb, **params):
     if not _ffi.BUILT_WITH_CUDA:
         raise NotImplementedError(
             "jax_gemm_amax was built without its CUDA backend (no nvcc at build time); "
             "reinstall with nvcc on PATH (JAX_GEMM_AMAX_CUDA=ON makes its absence an error)"
         )
-    return _ffi_lowering(ctx, *args, target=_ffi.CUDA_TARGET, **params)
+    # The workspace is a third result of the custom call that the primitive does not return: XLA
+    # owns it (FFI scratch would be freed before a recorded CUDA graph replays; cuda_handler.cc).
+    batch, m, _ = ctx.avals_in[0].shape
+    n = ctx.avals_in[1].shape[1]
+    workspace = ShapedArray((_cuda_workspace_bytes(batch, m, n),), np.uint8)
+    ctx3 = ctx.replace(avals_out=[*ctx.avals_out, workspace])
+    c, amax, _ = _ffi_lowering(ctx3, a, b, sfa, sfb, target=_ffi.CUDA_TARGET, **params)
+    return [c, amax]
 
 
 mlir.register_lowering(gemm_amax_ffi_p, functools.partial(_ffi_lowering, target=_ffi.CPU_TARGET), platform="cpu")

@@ -213,27 +213,33 @@ def test_short_k_and_few_rows(rng, kind, sf_dtype, sfv, m, n, k):
     _check(jga.gemm_amax(a, b, sfa, sfb, sf_vec_size=sfv), p, "float32")
 
 
-@pytest.mark.skipif(jax.default_backend() != "gpu", reason="a GPU-sized problem (2.7e11 flops a call)")
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="GPU-sized problems (1.7e10-2.7e11 flops a call)")
 @pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "nvfp4"])
-def test_every_element_of_a_long_persistent_run(fmt):
+@pytest.mark.parametrize("m,n,k", [(16384, 8192, 1024), (256, 4096, 8192)], ids=["persistent", "split_k"])
+def test_every_element_of_a_long_run(fmt, m, n, k):
     """16384x8192x1024: each CTA of the persistent kernel runs ~30 short-K tiles back to back, where
-    a shared-memory stage is reused soonest. Every element, in several calls, against the float32
-    product (a missing proxy fence once left a few wrong rows in 1-6 tiles per call here, which a
-    sampled check missed)."""
-    m, n, k = 16384, 8192, 1024
+    a shared-memory stage is reused soonest (a missing proxy fence once left a few wrong rows in 1-6
+    tiles per call here, which a sampled check missed). 256x4096x8192: 32 output tiles for 132 SMs,
+    so the SM90 kernel splits K and hands fp32 partial tiles between CTAs. Every element, in several
+    calls, against the float32 product."""
     sfv = 16 if fmt == "nvfp4" else 32
     kx, kw = jax.random.split(jax.random.key(7))
     qa, sfa = jga.quantize(jax.random.normal(kx, (m, k), jnp.float32), fmt)
     qb, sfb = jga.quantize(jax.random.normal(kw, (n, k), jnp.float32), fmt)
-    ref = jnp.dot(jga.dequantize(qa, sfa, sfv), jga.dequantize(qb, sfb, sfv).T, precision=jax.lax.Precision.HIGHEST)
-    ref_amax = jnp.max(jnp.abs(ref))
-    run = jax.jit(lambda *x: jga.gemm_amax(*x, c_dtype=jnp.bfloat16, sf_vec_size=sfv))
 
     @jax.jit
-    def wrong_elements(c):  # bf16 rounding (2^-9 relative) plus fp32 summation-order slack
+    def reference(qa, qb, sfa, sfb):
+        ref = jnp.dot(jga.dequantize(qa, sfa, sfv), jga.dequantize(qb, sfb, sfv).T, precision=jax.lax.Precision.HIGHEST)
+        return ref, jnp.max(jnp.abs(ref))
+
+    ref, ref_amax = reference(qa, qb, sfa, sfb)
+    run = jax.jit(lambda *x: jga.gemm_amax(*x, c_dtype=jnp.bfloat16, sf_vec_size=sfv))
+
+    @jax.jit  # ref is an argument: closed over, it would be compiled in as a constant (512 MB)
+    def wrong_elements(c, ref, ref_amax):  # bf16 rounding (2^-9 relative) plus fp32 summation-order slack
         return jnp.sum(jnp.abs(c.astype(jnp.float32) - ref) > 2.0**-7 * jnp.abs(ref) + 1e-4 * ref_amax)
 
     for call in range(3):
         c, amax = run(qa, qb, sfa, sfb)
-        assert int(wrong_elements(c)) == 0, f"call {call}"
+        assert int(wrong_elements(c, ref, ref_amax)) == 0, f"call {call}"
         np.testing.assert_allclose(float(amax), float(ref_amax), rtol=1e-5)

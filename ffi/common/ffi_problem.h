@@ -32,8 +32,9 @@ GemmAmaxBuffers BuffersOf(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b, cons
 
 }  // namespace jga
 
-// The FFI binding of the handler signature, identical for every platform apart from its context.
-// Every stage of a call sees the same attributes, so each stage's binding declares them all.
+// The FFI binding of the handler signature: operands, then results, then attributes. The CUDA
+// handler adds a third result between them, its workspace (see cuda_handler.cc). Every stage of a
+// call sees the same attributes, so each stage's binding declares them all.
 #define JGA_GEMM_AMAX_BINDING_ATTRS \
   .Attr<int32_t>("sf_vec_size")     \
       .Attr<int32_t>("tile_m")      \
@@ -41,11 +42,12 @@ GemmAmaxBuffers BuffersOf(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b, cons
       .Attr<int32_t>("cluster_m")   \
       .Attr<int32_t>("cluster_n")
 
-#define JGA_GEMM_AMAX_BINDING_ARGS                                 \
+#define JGA_GEMM_AMAX_BINDING_BUFFERS                              \
   .Arg<xla::ffi::AnyBuffer>()     /* a */                          \
       .Arg<xla::ffi::AnyBuffer>() /* b */                          \
       .Arg<xla::ffi::AnyBuffer>() /* sfa */                        \
       .Arg<xla::ffi::AnyBuffer>() /* sfb */                        \
       .Ret<xla::ffi::AnyBuffer>() /* c */                          \
-      .Ret<xla::ffi::AnyBuffer>() /* amax, one per batch item */   \
-      JGA_GEMM_AMAX_BINDING_ATTRS
+      .Ret<xla::ffi::AnyBuffer>() /* amax, one per batch item */
+
+#define JGA_GEMM_AMAX_BINDING_ARGS JGA_GEMM_AMAX_BINDING_BUFFERS JGA_GEMM_AMAX_BINDING_ATTRS

@@ -1,6 +1,11 @@
 // The XLA FFI handler of the CUDA platform: validates the call, then dispatches by the compute
 // capability of the stream's device. Everything is enqueued on XLA's stream: no host sync, no
 // allocation, the same device work on every call (CUDA-graph capturable).
+//
+// Device workspace is a third result of the custom call (sized by the JAX lowering, primitive.py),
+// not FFI scratch: XLA frees a ScratchAllocator's memory when the handler returns, which is before a
+// CUDA graph recorded from the call ever runs, so a graph replay would use memory that XLA may have
+// handed to another buffer. A result buffer is XLA's, for as long as the executable lives.
 #include <cuda_runtime.h>
 
 #include <array>
@@ -45,16 +50,16 @@ constexpr const char* kBuiltKernels = "built kernels: sm_90a (H100/H200), sm_100
 // Blackwell B200/GB200 (compute capability 10.0): the sm_100a CUTLASS kernels. The cubins are
 // arch-specific (sm_100a), so other 10.x parts (e.g. B300, 10.3) are refused with a clear error.
 ffi::Error LaunchSm100(const GemmAmaxProblem& problem, const GemmAmaxBuffers& buffers, cudaStream_t stream,
-                       ffi::ScratchAllocator& scratch) {
+                       ffi::AnyBuffer& workspace_buffer) {
   if (const char* why = sm100::Unsupported(problem))
     return ffi::Error(ffi::ErrorCode::kUnimplemented, std::string("gemm_amax (sm_100): ") + why);
   void* workspace = nullptr;
   if (const size_t bytes = sm100::WorkspaceBytes(problem)) {
-    auto mem = scratch.Allocate(bytes, /*alignment=*/256);
-    if (!mem.has_value())
-      return ffi::Error(ffi::ErrorCode::kResourceExhausted,
-                        "gemm_amax (sm_100): could not allocate " + std::to_string(bytes) + " bytes of scratch");
-    workspace = *mem;
+    if (workspace_buffer.size_bytes() < bytes)
+      return ffi::Error::InvalidArgument("gemm_amax (sm_100): the workspace result holds " +
+                                         std::to_string(workspace_buffer.size_bytes()) + " bytes, the kernel needs " +
+                                         std::to_string(bytes));
+    workspace = workspace_buffer.untyped_data();
   }
   const char* message = nullptr;
   const cudaError_t err = sm100::Launch(problem, buffers, workspace, stream, &message);
@@ -68,9 +73,9 @@ ffi::Error LaunchSm100(const GemmAmaxProblem& problem, const GemmAmaxBuffers& bu
 constexpr const char* kBuiltKernels = "built kernels: sm_90a (H100/H200); this build has no sm_100a kernels";
 #endif
 
-ffi::Error GemmAmaxCudaImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::AnyBuffer sfa,
+ffi::Error GemmAmaxCudaImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::AnyBuffer sfa,
                             ffi::AnyBuffer sfb, ffi::Result<ffi::AnyBuffer> c, ffi::Result<ffi::AnyBuffer> amax,
-                            int32_t sf_vec_size, int32_t tile_m, int32_t tile_n, int32_t cluster_m,
+                            ffi::Result<ffi::AnyBuffer> workspace, int32_t sf_vec_size, int32_t tile_m, int32_t tile_n, int32_t cluster_m,
                             int32_t cluster_n) {
   GemmAmaxProblem problem;
   const GemmAmaxHints hints{tile_m, tile_n, cluster_m, cluster_n};
@@ -90,12 +95,12 @@ ffi::Error GemmAmaxCudaImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, 
   if (cc == 90) {
     if (const char* why = sm90::Unsupported(problem))
       return ffi::Error(ffi::ErrorCode::kUnimplemented, std::string("gemm_amax (sm_90): ") + why);
-    err = sm90::Launch(problem, buffers, stream);
+    err = sm90::Launch(problem, buffers, workspace->untyped_data(), workspace->size_bytes(), stream);
     if (err != cudaSuccess) return CudaError(err, "launching the sm_90 kernel");
     return ffi::Error::Success();
   }
 #if defined(JGA_HAVE_SM100)
-  if (cc == 100) return LaunchSm100(problem, buffers, stream, scratch);
+  if (cc == 100) return LaunchSm100(problem, buffers, stream, *workspace);
 #endif
   return ffi::Error(ffi::ErrorCode::kUnimplemented, "gemm_amax: no kernel for this GPU (compute capability " +
                                                         std::to_string(cc / 10) + "." + std::to_string(cc % 10) +
@@ -139,6 +144,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JgaGemmAmaxCudaInstantiate, jga::GemmAmaxCudaInsta
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JgaGemmAmaxCuda, jga::GemmAmaxCudaImpl,
                               xla::ffi::Ffi::Bind()
                                   .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<xla::ffi::ScratchAllocator>()
-                                  JGA_GEMM_AMAX_BINDING_ARGS,
+                                  JGA_GEMM_AMAX_BINDING_BUFFERS
+                                  .Ret<xla::ffi::AnyBuffer>()  // workspace (uint8; may be empty)
+                                  JGA_GEMM_AMAX_BINDING_ATTRS,
                               {xla::ffi::Traits::kCmdBufferCompatible});

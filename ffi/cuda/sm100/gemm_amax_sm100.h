@@ -20,8 +20,9 @@ namespace sm100 {
 // output dtype, mma_tiler_mn and cluster_shape_mn hints), else a human-readable reason.
 const char* Unsupported(const GemmAmaxProblem& p);
 
-// Bytes of device scratch that Launch needs for `p` (CUTLASS's kernel workspace; may be 0).
-// The caller provides it (XLA's FFI ScratchAllocator); it must be 16-byte aligned.
+// Bytes of device workspace that Launch needs for `p` (CUTLASS's kernel workspace; 0 for every
+// configuration today). The caller provides it (the custom call's workspace result, see
+// cuda_handler.cc); it must be 16-byte aligned.
 size_t WorkspaceBytes(const GemmAmaxProblem& p);
 
 // Loads every sm_100 kernel on the current device (outside stream capture; the FFI instantiate

@@ -88,39 +88,95 @@ const char* Unsupported(const GemmAmaxProblem& p) {
   return nullptr;
 }
 
-cudaError_t LaunchWithOptions(const GemmAmaxProblem& p, const GemmAmaxBuffers& buf, cudaStream_t stream,
-                              const LaunchOptions& opt) {
+namespace {
+
+// Zeroes amax and the split-K tile counters. It lets the GEMM launch at once (programmatic
+// dependent launch): the GEMM overlaps its start with this kernel and waits for it
+// (griddepcontrol.wait) only before it touches that memory. Before, a cudaMemsetAsync node ran
+// alone between the two.
+__global__ void ResetKernel(float* amax, int n_amax, unsigned int* ready, int n_ready) {
+  asm volatile("griddepcontrol.launch_dependents;");
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n_amax + n_ready; i += gridDim.x * blockDim.x) {
+    if (i < n_amax) {
+      amax[i] = 0.0f;
+    } else {
+      ready[i - n_amax] = 0u;
+    }
+  }
+}
+
+// Tile height (MI) and split-K factor, from a cost model in units of one 64-K MMA unit of a
+// 256-row tile, by waves of work units over the SMs: tile 128 runs at ~0.72x the rate of tile 256
+// (measured, NOTES 2c); each unit costs a pipeline fill plus its epilogue; a split tile costs the
+// reducer a read of the other splits' fp32 partials (128 KB each at tile 256). Only plans whose
+// workspace fits in `available` bytes are considered.
+struct Plan {
+  int mi = 2;
+  int splits = 1;
+  size_t ready_bytes = 0;  // split-K counters, at the start of the workspace; partials follow
+};
+
+Plan MakePlan(const GemmAmaxProblem& p, int sms, const LaunchOptions& opt, size_t available) {
+  const long long tn = CeilDiv(CeilDiv(p.n, 128), kCluster) * kCluster;
+  const long long nslabs = CeilDiv(p.operand_row_bytes(), 128);
+  const long long units_per_slab = p.ab_type == OperandType::kE2M1x2 ? 4 : 2;
+  Plan best;
+  double best_cost = -1;
+  for (int mi = 2; mi >= 1; --mi) {
+    if ((opt.force_tile_m == 128 && mi != 1) || (opt.force_tile_m == 256 && mi != 2)) continue;
+    const long long tiles = CeilDiv(p.m, 128 * mi) * tn * p.batch;
+    for (int splits = 1; splits <= std::min<long long>(kMaxSplits, nslabs); ++splits) {
+      if (opt.force_splits > 0 && splits != std::min<long long>({opt.force_splits, kMaxSplits, nslabs})) continue;
+      const size_t ready_bytes = static_cast<size_t>(CeilDiv(tiles * 4, 256) * 256);
+      const size_t need = static_cast<size_t>(splits - 1) * tiles * (128 * mi) * 128 * sizeof(float) + ready_bytes;
+      if (splits > 1 && need > available) break;
+      const long long waves = CeilDiv(tiles * splits, sms);
+      const double kunits = static_cast<double>(CeilDiv(nslabs, splits) * units_per_slab);
+      const double cost = static_cast<double>(waves) *
+                          (kunits * (mi == 2 ? 1.0 : 0.69) + (mi == 2 ? 2.4 : 1.6) + (splits > 1 ? 0.7 * mi * (splits - 1) + 0.6 : 0.0));
+      if (best_cost < 0 || cost < best_cost * 0.98) {
+        best_cost = cost;
+        best.mi = mi;
+        best.splits = splits;
+        best.ready_bytes = splits > 1 ? ready_bytes : 0;
+      }
+    }
+  }
+  return best;
+}
+
+int CurrentSmCount(int* dev) {
+  *dev = 0;
+  return cudaGetDevice(dev) == cudaSuccess ? SmCount(*dev) : 132;
+}
+
+}  // namespace
+
+size_t WorkspaceBytes(const GemmAmaxProblem& p) {
+  // Mirrored by primitive.py (_cuda_workspace_bytes); a smaller workspace only narrows the plans.
+  const long long elems = CeilDiv(p.m, 256) * 256 * CeilDiv(p.n, 128) * 128 * p.batch;
+  if (elems > kSplitMaxElems) return 0;
+  const long long slots = elems <= kSplitMaxElems / 4 ? kMaxSplits - 1 : 1;
+  const long long counters = CeilDiv(CeilDiv(p.m, 128) * CeilDiv(p.n, 128) * p.batch * 4, 256) * 256;
+  return static_cast<size_t>(counters + slots * elems * 4);
+}
+
+cudaError_t LaunchWithOptions(const GemmAmaxProblem& p, const GemmAmaxBuffers& buf, void* workspace,
+                              size_t workspace_bytes, cudaStream_t stream, const LaunchOptions& opt) {
   if (Unsupported(p) != nullptr) return cudaErrorInvalidValue;
   // TMA / bulk copies need 16-byte aligned global addresses; the epilogue stores up to 8 bytes.
   const uintptr_t ptr_bits = reinterpret_cast<uintptr_t>(buf.a) | reinterpret_cast<uintptr_t>(buf.b) |
                              reinterpret_cast<uintptr_t>(buf.sfa) | reinterpret_cast<uintptr_t>(buf.sfb) |
-                             reinterpret_cast<uintptr_t>(buf.c);
+                             reinterpret_cast<uintptr_t>(buf.c) | reinterpret_cast<uintptr_t>(workspace);
   if ((ptr_bits & 15u) != 0 || buf.amax == nullptr) return cudaErrorMisalignedAddress;
   if (!Prepared()) {
     cudaError_t e = Prepare();
     if (e != cudaSuccess) return e;
   }
-  if (!opt.skip_amax) {
-    cudaError_t e = cudaMemsetAsync(buf.amax, 0, sizeof(float) * static_cast<size_t>(p.batch), stream);
-    if (e != cudaSuccess) return e;
-  }
   int dev = 0;
-  cudaError_t err = cudaGetDevice(&dev);
-  if (err != cudaSuccess) return err;
-  const int sms = SmCount(dev);
-
-  // Tile height: 256 unless 128 fills the machine noticeably better (small M*N). n-tiles are
-  // scheduled in groups of kCluster (one cluster tile).
-  const long long tn = CeilDiv(CeilDiv(p.n, 128), kCluster) * kCluster;
-  auto wave_eff = [&](long long tiles) {
-    const long long waves = (tiles + sms - 1) / sms;
-    return static_cast<double>(tiles) / static_cast<double>(waves * sms);
-  };
-  const long long t256 = CeilDiv(p.m, 256) * tn * p.batch;
-  const long long t128 = CeilDiv(p.m, 128) * tn * p.batch;
-  int mi = (wave_eff(t128) * 0.85 > wave_eff(t256)) ? 1 : 2;
-  if (opt.force_tile_m == 128) mi = 1;
-  if (opt.force_tile_m == 256) mi = 2;
+  const int sms = CurrentSmCount(&dev);
+  const Plan plan = MakePlan(p, sms, opt, workspace != nullptr ? workspace_bytes : 0);
+  const int mi = plan.mi;
 
   LaunchCtx ctx;
   const uint64_t kbytes = static_cast<uint64_t>(p.operand_row_bytes());
@@ -148,13 +204,27 @@ cudaError_t LaunchWithOptions(const GemmAmaxProblem& p, const GemmAmaxBuffers& b
   k.flags = (opt.skip_amax ? kFlagNoAmax : 0) | (opt.experiment_flags & ~kFlagNoAmax);
   k.trace = opt.trace;
   k.tiles_m = static_cast<int>(CeilDiv(p.m, 128 * mi));
-  k.tiles_n = static_cast<int>(tn / kCluster);
+  k.tiles_n = static_cast<int>(CeilDiv(CeilDiv(p.n, 128), kCluster));
   k.tiles_per_batch = k.tiles_m * k.tiles_n;
   k.tiles_total = k.tiles_per_batch * k.l;
-  ctx.grid = std::min(k.tiles_total, sms / kCluster) * kCluster;
+  k.splits = plan.splits;
+  k.units_total = k.tiles_total * plan.splits;
+  k.tile_ready = plan.splits > 1 ? static_cast<unsigned int*>(workspace) : nullptr;
+  k.partials = plan.splits > 1 ? reinterpret_cast<float*>(static_cast<uint8_t*>(workspace) + plan.ready_bytes) : nullptr;
+  ctx.grid = std::min(k.units_total, sms / kCluster) * kCluster;
   ctx.mi = mi;
   ctx.device = dev;
   ctx.stream = stream;
+
+  const int n_amax = opt.skip_amax ? 0 : k.l;
+  const int n_ready = plan.splits > 1 ? k.tiles_total : 0;
+  if (n_amax + n_ready > 0) {
+    const int blocks = static_cast<int>(std::min<long long>(CeilDiv(n_amax + n_ready, 256), 1024));
+    ResetKernel<<<blocks, 256, 0, stream>>>(buf.amax, n_amax, k.tile_ready, n_ready);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    ctx.after_reset = true;
+  }
 
   switch (VariantOf(p)) {
     case kV_E4M3: return LaunchVariant0(ctx);
@@ -189,8 +259,9 @@ bool Prepared() {
   return cudaGetDevice(&dev) == cudaSuccess && dev < kMaxDevices && g_prepared[dev].load(std::memory_order_acquire);
 }
 
-cudaError_t Launch(const GemmAmaxProblem& p, const GemmAmaxBuffers& buf, cudaStream_t stream) {
-  return LaunchWithOptions(p, buf, stream, LaunchOptions{});
+cudaError_t Launch(const GemmAmaxProblem& p, const GemmAmaxBuffers& buf, void* workspace, size_t workspace_bytes,
+                   cudaStream_t stream) {
+  return LaunchWithOptions(p, buf, workspace, workspace_bytes, stream, LaunchOptions{});
 }
 
 }  // namespace sm90

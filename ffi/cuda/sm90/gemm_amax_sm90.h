@@ -3,6 +3,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
+
 #include "common/problem.h"
 
 namespace jga {
@@ -17,19 +19,30 @@ const char* Unsupported(const GemmAmaxProblem& p);
 cudaError_t Prepare();
 bool Prepared();
 
+// Split-K (problems with few output tiles) keeps fp32 partial tiles and per-tile counters in a
+// device workspace that the caller provides (the JAX lowering: an extra output of the custom call,
+// so that XLA owns it, CUDA graphs included). WorkspaceBytes is the size to offer for `p`: 0 for
+// problems with many tiles, at most ~48 MB. Launch picks only plans that fit the workspace given
+// (none or a smaller one just rules split-K out). 16-byte aligned; contents irrelevant.
+constexpr int kMaxSplits = 4;
+constexpr long long kSplitMaxElems = 1ll << 22;  // fp32 elements of C padded to 256x128 tiles
+size_t WorkspaceBytes(const GemmAmaxProblem& p);
+
 // Enqueues the whole operation on `stream` (amax reset included). No host sync, no allocation,
 // CUDA-graph capturable. Returns the first CUDA error.
-cudaError_t Launch(const GemmAmaxProblem& p, const GemmAmaxBuffers& buf, cudaStream_t stream);
+cudaError_t Launch(const GemmAmaxProblem& p, const GemmAmaxBuffers& buf, void* workspace, size_t workspace_bytes,
+                   cudaStream_t stream);
 
 // Testing / benchmarking knobs (not part of the product API).
 struct LaunchOptions {
   bool skip_amax = false;  // leave amax untouched (measures the reduction's cost)
   int force_tile_m = 0;    // 0: heuristic; 128 or 256 forces the CTA tile height
+  int force_splits = 0;    // 0: heuristic; >= 1 forces the split-K factor (capped at the K slabs)
   int experiment_flags = 0;  // internal timing experiments (see sm90_kernel.cuh kFlag*); results are wrong
   unsigned long long* trace = nullptr;  // device counters, used by -DJGA_SM90_TRACE builds only
 };
-cudaError_t LaunchWithOptions(const GemmAmaxProblem& p, const GemmAmaxBuffers& buf, cudaStream_t stream,
-                              const LaunchOptions& opt);
+cudaError_t LaunchWithOptions(const GemmAmaxProblem& p, const GemmAmaxBuffers& buf, void* workspace,
+                              size_t workspace_bytes, cudaStream_t stream, const LaunchOptions& opt);
 
 }  // namespace sm90
 }  // namespace jga

@@ -82,6 +82,14 @@ struct KParams {
   unsigned long long* trace;  // JGA_SM90_TRACE builds only: kTraceSlots cycle counters
   int tiles_m, tiles_n;
   int tiles_per_batch, tiles_total;
+  // Split-K (small tile counts): every tile's K slabs are cut into `splits` contiguous ranges, one
+  // work unit each. Splits 0..S-2 store their fp32 accumulators to `partials` and count themselves
+  // in `tile_ready` (zeroed before the launch); split S-1, the reducer, waits for that count, adds
+  // the partials and runs the epilogue. splits == 1: no workspace.
+  int splits;
+  int units_total;     // tiles_total * splits
+  unsigned int* tile_ready;
+  float* partials;     // [(splits - 1) * tiles_total][kBM * kBN] in the consumers' fragment order
 };
 
 constexpr int kThreads = 512;
@@ -323,6 +331,13 @@ __device__ __forceinline__ float AbsMaxNaN(float m, float v) {
   return r;
 }
 
+// Programmatic dependent launch: the kernel may start while the reset kernel before it (which
+// zeroes amax and the split-K counters) still runs; every access to that memory waits for it first.
+// Without the launch attribute this returns at once.
+__device__ __forceinline__ void WaitForResetKernel() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+// The 256 consumer threads (named barrier 1; 0 is __syncthreads).
+__device__ __forceinline__ void ConsumerBarrier() { asm volatile("bar.sync 1, 256;" ::: "memory"); }
+
 // ---------------------------------------------------------------------------------------------
 // Code -> BF16 bit conversions (value * 2^-O, exact).
 // fp8: one 32-bit word (4 codes, k0..k3) -> two bf16x2 pairs (k0,k1), (k2,k3).
@@ -384,6 +399,20 @@ __device__ __forceinline__ uint32_t SfInBlock(int row, int g4) {
 struct TileCoord {
   int l, mt, nt;
 };
+// Work unit u: split u / tiles_total of tile u % tiles_total. Every reducer (split S-1) has a larger
+// index than the units it waits for, and each CTA runs its units in increasing order, so the
+// lowest unfinished unit never waits: no deadlock, however the units land on the CTAs.
+struct WorkUnit {
+  int tile, split, slab_lo, slab_hi;
+};
+__device__ __forceinline__ WorkUnit DecodeUnit(const KParams& p, int u) {
+  WorkUnit w;
+  w.split = u / p.tiles_total;
+  w.tile = u - w.split * p.tiles_total;
+  w.slab_lo = static_cast<int>(static_cast<long long>(w.split) * p.num_kslabs / p.splits);
+  w.slab_hi = static_cast<int>(static_cast<long long>(w.split + 1) * p.num_kslabs / p.splits);
+  return w;
+}
 __device__ __forceinline__ TileCoord DecodeTile(const KParams& p, int tile) {
   TileCoord tc;
   tc.l = tile / p.tiles_per_batch;
@@ -457,6 +486,7 @@ __device__ __forceinline__ void StorePair(void* c, size_t idx, float v0, float v
 }
 
 __device__ __forceinline__ void FlushAmax(float m, float* amax, int l) {
+  WaitForResetKernel();
   uint32_t bits = __float_as_uint(m) & 0x7FFFFFFFu;
   bits = __reduce_max_sync(0xFFFFFFFFu, bits);
   // A predicated reduction, not a branch: a divergent branch in the consumer's tile loop makes
@@ -470,6 +500,59 @@ __device__ __forceinline__ void FlushAmax(float m, float* amax, int l) {
       "}\n" ::"l"(reinterpret_cast<unsigned int*>(amax) + l),
       "r"(bits), "r"(leader)
       : "memory");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Split-K hand-over between the consumers of two CTAs. A non-reducing split stores its fp32
+// accumulators in fragment order (16-byte chunk q of consumer thread c at chunk q * 256 + c: each
+// store instruction of the 256 threads covers 4 KB contiguously) and counts itself in with a
+// release; the reducer acquires the count and adds the partials in slot order (deterministic).
+template <int MI>
+__device__ __forceinline__ float4* PartialSlot(const KParams& p, int slot, int tile, int ctid) {
+  return reinterpret_cast<float4*>(p.partials + (static_cast<size_t>(slot) * p.tiles_total + tile) * (MI * 128 * kBN)) + ctid;
+}
+template <int MI>
+__device__ __forceinline__ void StorePartial(const float (&acc)[MI][64], const KParams& p, const WorkUnit& w, int ctid) {
+  float4* dst = PartialSlot<MI>(p, w.split, w.tile, ctid);
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+      __stcg(dst + (mi * 16 + j) * 256, make_float4(acc[mi][4 * j], acc[mi][4 * j + 1], acc[mi][4 * j + 2], acc[mi][4 * j + 3]));
+  // The barrier orders every consumer thread's stores before thread 0's release (cumulativity).
+  ConsumerBarrier();
+  WaitForResetKernel();
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.eq.u32 p, %1, 0;\n"
+      "@p red.release.gpu.global.add.u32 [%0], 1;\n"
+      "}\n" ::"l"(p.tile_ready + w.tile),
+      "r"(static_cast<uint32_t>(ctid))
+      : "memory");
+}
+template <int MI>
+__device__ __forceinline__ void AddPartials(float (&acc)[MI][64], const KParams& p, const WorkUnit& w, int ctid) {
+  WaitForResetKernel();
+  const uint32_t need = static_cast<uint32_t>(p.splits - 1);
+  uint32_t seen;
+  do {  // the whole warp polls, so that the loop stays warp-uniform (see FlushAmax)
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(p.tile_ready + w.tile) : "memory");
+  } while (!__all_sync(0xFFFFFFFFu, seen >= need));
+#pragma unroll 1
+  for (int slot = 0; slot < p.splits - 1; ++slot) {
+    const float4* src = PartialSlot<MI>(p, slot, w.tile, ctid);
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        const float4 v = __ldcg(src + (mi * 16 + j) * 256);
+        acc[mi][4 * j] += v.x;
+        acc[mi][4 * j + 1] += v.y;
+        acc[mi][4 * j + 2] += v.z;
+        acc[mi][4 * j + 3] += v.w;
+      }
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -625,8 +708,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int cluster_id = blockIdx.x / kCluster;
   const int num_clusters = gridDim.x / kCluster;
 
-  const int nslabs = p.num_kslabs;
-
   if (warp_idx < 4) {
     // ======================= WG0: producer (one thread) =======================
     // A warpgroup of its own: issuing a slab's copies takes ~2000 cycles of this thread (measured
@@ -635,9 +716,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == 0) {
       Tracer tr;
       int stage = 0, phase = 0;
-      for (int tile = cluster_id; tile < p.tiles_total; tile += num_clusters) {
-        const TileCoord pc = DecodeTile(p, tile);
-        for (int slab = 0; slab < nslabs; ++slab) {
+      for (int u = cluster_id; u < p.units_total; u += num_clusters) {
+        const WorkUnit wu = DecodeUnit(p, u);
+        const TileCoord pc = DecodeTile(p, wu.tile);
+        for (int slab = wu.slab_lo; slab < wu.slab_hi; ++slab) {
           tr.Start();
           MbarWait(bar_empty_raw + 8 * stage, phase ^ 1);
           tr.Stop(kTrProducerWait);
@@ -697,8 +779,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 #ifdef JGA_SM90_TRACE
     const long long conv_t0 = clock64();
 #endif
-    for (int tile = cluster_id; tile < p.tiles_total; tile += num_clusters) {
-      for (int slab = 0; slab < nslabs; ++slab) {
+    for (int u = cluster_id; u < p.units_total; u += num_clusters) {
+      const WorkUnit wu = DecodeUnit(p, u);
+      for (int slab = wu.slab_lo; slab < wu.slab_hi; ++slab) {
         // ---- convert the B slab, one 64-K unit (one bf16 buffer) at a time ----
         tr.Start();
         MbarWait(bar_full_raw + 8 * r_stage, r_phase);
@@ -877,8 +960,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     const long long cons_t0 = clock64();
 #endif
 
-    for (int tile = cluster_id; tile < p.tiles_total; tile += num_clusters) {
-      const TileCoord tc = DecodeTile(p, tile);
+    for (int u = cluster_id; u < p.units_total; u += num_clusters) {
+      const WorkUnit wu = DecodeUnit(p, u);
+      const TileCoord tc = DecodeTile(p, wu.tile);
       if (tc.l != cur_l) {
         if (cur_l >= 0 && do_amax) FlushAmax(amax_run, p.amax, cur_l);
         amax_run = 0.0f;
@@ -889,7 +973,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int i = 0; i < 64; ++i) acc[mi][i] = 0.0f;
 
-      for (int slab = 0; slab < nslabs; ++slab) {
+      for (int slab = wu.slab_lo; slab < wu.slab_hi; ++slab) {
         tr.Start();
         MbarWait(bar_full_raw + 8 * r_stage, r_phase);
         tr.Stop(kTrConsWaitRaw);
@@ -1060,6 +1144,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       __syncwarp();
       MbarArriveIf(bar_empty_b + 8 * inflight_b_stage, lane == 0 && inflight_b_stage >= 0);
       inflight_b_stage = -1;
+
+      if (p.splits > 1) {  // uniform: the unit's split
+        const int ctid = threadIdx.x - 256;
+        if (wu.split < p.splits - 1) {
+          StorePartial<MI>(acc, p, wu, ctid);
+          continue;  // the reducer stores this tile and takes its amax
+        }
+        AddPartials<MI>(acc, p, wu, ctid);
+      }
 
       // ---- epilogue: one straight-line path per output dtype (switch once per tile) ----
       tr.Start();

@@ -20,6 +20,7 @@ struct LaunchCtx {
   int mi;
   int device;
   cudaStream_t stream;
+  bool after_reset = false;  // a ResetKernel precedes the GEMM: launch it as its programmatic dependent
 };
 
 // Per device and kernel: how many kCluster-CTA clusters fit on the GPU at once (a persistent grid
@@ -42,7 +43,7 @@ cudaError_t PrepareVariant3();
 cudaError_t PrepareVariant4();
 
 template <int V, int MI>
-cudaLaunchConfig_t LaunchConfig(int grid, cudaStream_t stream, cudaLaunchAttribute* attr) {
+cudaLaunchConfig_t LaunchConfig(int grid, cudaStream_t stream, cudaLaunchAttribute* attr, bool programmatic) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(grid, 1, 1);
   cfg.blockDim = dim3(kThreads, 1, 1);
@@ -52,8 +53,10 @@ cudaLaunchConfig_t LaunchConfig(int grid, cudaStream_t stream, cudaLaunchAttribu
   attr[0].val.clusterDim.x = kCluster;
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = programmatic ? 2 : 1;
   return cfg;
 }
 
@@ -66,8 +69,8 @@ cudaError_t ConfigureKernel() {
   int dev = 0;
   err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return err;
-  cudaLaunchAttribute attr[1];
-  const cudaLaunchConfig_t cfg = LaunchConfig<V, MI>(kCluster * 1024, nullptr, attr);
+  cudaLaunchAttribute attr[2];
+  const cudaLaunchConfig_t cfg = LaunchConfig<V, MI>(kCluster * 1024, nullptr, attr, false);
   int clusters = 0;
   err = cudaOccupancyMaxActiveClusters(&clusters, GemmAmaxKernel<V, MI>, &cfg);
   if (err != cudaSuccess) return err;
@@ -80,8 +83,8 @@ template <int V, int MI>
 cudaError_t LaunchVariantMI(const LaunchCtx& ctx) {
   const int fit = ctx.device < kMaxDevices ? MaxActiveClusters(ctx.device, V, MI) : 0;
   const int grid = fit > 0 ? std::min(ctx.grid, fit * kCluster) : ctx.grid;
-  cudaLaunchAttribute attr[1];
-  const cudaLaunchConfig_t cfg = LaunchConfig<V, MI>(grid, ctx.stream, attr);
+  cudaLaunchAttribute attr[2];
+  const cudaLaunchConfig_t cfg = LaunchConfig<V, MI>(grid, ctx.stream, attr, ctx.after_reset);
   return cudaLaunchKernelEx(&cfg, GemmAmaxKernel<V, MI>, ctx.tm_a, ctx.tm_b, ctx.params);
 }
 

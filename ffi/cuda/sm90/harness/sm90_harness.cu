@@ -282,6 +282,22 @@ static DevBufs Upload(const HostProblem& hp) {
   return d;
 }
 
+// Split-K workspace: what the JAX lowering offers (sm90::WorkspaceBytes), or, when a test forces a
+// split factor, enough for any plan. One allocation, grown as needed.
+static void* g_ws = nullptr;
+static size_t g_ws_bytes = 0;
+static cudaError_t LaunchH(const GemmAmaxProblem& p, const GemmAmaxBuffers& b, const sm90::LaunchOptions& o) {
+  const size_t any_plan = static_cast<size_t>(sm90::kMaxSplits) * ((p.m + 255) / 256 * 256) * ((p.n + 127) / 128 * 128) *
+                          p.batch * 4 + 1024 * 1024;
+  const size_t want = o.force_splits > 1 ? any_plan : sm90::WorkspaceBytes(p);
+  if (want > g_ws_bytes) {
+    cudaFree(g_ws);
+    CK(cudaMalloc(&g_ws, want));
+    g_ws_bytes = want;
+  }
+  return sm90::LaunchWithOptions(p, b, want > 0 ? g_ws : nullptr, want, 0, o);
+}
+
 static GemmAmaxBuffers Bufs(const DevBufs& d) {
   GemmAmaxBuffers b;
   b.a = d.a; b.b = d.b; b.sfa = d.sfa; b.sfb = d.sfb; b.c = d.c; b.amax = d.amax;
@@ -307,7 +323,8 @@ static HostProblem MakeProblem(const Combo& cb, int64_t L, int64_t M, int64_t N,
 static int g_fail = 0, g_pass = 0;
 
 // Runs the kernel on hp (with c_type set) and compares against ref.
-static bool RunAndCheck(HostProblem& hp, const Ref& ref, OutputType ct, int force_tile, const char* tag) {
+static bool RunAndCheck(HostProblem& hp, const Ref& ref, OutputType ct, int force_tile, const char* tag,
+                        int force_splits = 0) {
   hp.p.c_type = ct;
   GemmAmaxProblem& p = hp.p;
   if (const char* why = sm90::Unsupported(p)) {
@@ -319,7 +336,10 @@ static bool RunAndCheck(HostProblem& hp, const Ref& ref, OutputType ct, int forc
   CK(cudaMemset(d.amax, 0x7F, sizeof(float) * p.batch));
   sm90::LaunchOptions opt;
   opt.force_tile_m = force_tile;
-  CK(sm90::LaunchWithOptions(p, Bufs(d), 0, opt));
+  opt.force_splits = force_splits;
+  // Poisoned workspace: split-K counters that were not reset would read as "all partials ready".
+  if (g_ws != nullptr) CK(cudaMemset(g_ws, 0xFF, g_ws_bytes));
+  CK(LaunchH(p, Bufs(d), opt));
   CK(cudaGetLastError());
   CK(cudaDeviceSynchronize());
   std::vector<uint8_t> c(d.c_bytes);
@@ -351,8 +371,8 @@ static bool RunAndCheck(HostProblem& hp, const Ref& ref, OutputType ct, int forc
   } else {
     ++g_fail;
   }
-  printf("  [%s] %-40s C=%-4s tile=%d  bad=%lld/%lld worst=%.3g amax[0]=%.8g ref=%.8g\n", ok ? "PASS" : "FAIL", tag,
-         CName(ct), force_tile, static_cast<long long>(bad), static_cast<long long>(total), worst, amax[0], ref.amax[0]);
+  printf("  [%s] %-40s C=%-4s tile=%d splits=%d  bad=%lld/%lld worst=%.3g amax[0]=%.8g ref=%.8g\n", ok ? "PASS" : "FAIL", tag,
+         CName(ct), force_tile, force_splits, static_cast<long long>(bad), static_cast<long long>(total), worst, amax[0], ref.amax[0]);
   if (first_bad >= 0) {
     const int64_t i = first_bad;
     printf("         first bad idx=%lld (l=%lld m=%lld n=%lld) ref=%.8g\n", static_cast<long long>(i),
@@ -412,6 +432,15 @@ static void TestAll() {
       RunAndCheck(hp, ref, OutputType::kF32, 128, "L=2 M=1000 N=1040 K=1024");
       RunAndCheck(hp, ref, OutputType::kBF16, 256, "L=2 M=1000 N=1040 K=1024");
     }
+    // Shape 5: split-K forced (1-4 ranges of uneven slab counts, K tail), partial tiles, L=2.
+    {
+      HostProblem hp = MakeProblem(cb, 2, 300, 264, 1056, rng, 118, 136);
+      Ref ref = Reference(hp);
+      for (int splits = 1; splits <= 4; ++splits) {
+        RunAndCheck(hp, ref, OutputType::kBF16, 256, "split-K L=2 M=300 N=264 K=1056", splits);
+        RunAndCheck(hp, ref, OutputType::kF32, 128, "split-K L=2 M=300 N=264 K=1056", splits);
+      }
+    }
     // NaN scale: one scale of batch 0 is NaN -> amax[0] NaN, the other batch finite.
     {
       HostProblem hp = MakeProblem(cb, 2, 200, 136, 352, rng, 120, 134);
@@ -425,9 +454,9 @@ static void TestAll() {
       HostProblem hp = MakeProblem(cb, 2, 200, 136, 352, rng, 120, 134);
       hp.p.c_type = OutputType::kF32;
       DevBufs d = Upload(hp);
-      CK(sm90::Launch(hp.p, Bufs(d), 0));
+      CK(LaunchH(hp.p, Bufs(d), sm90::LaunchOptions{}));
       CK(cudaMemset(d.b, 0, hp.b.size()));
-      CK(sm90::Launch(hp.p, Bufs(d), 0));
+      CK(LaunchH(hp.p, Bufs(d), sm90::LaunchOptions{}));
       CK(cudaDeviceSynchronize());
       std::vector<float> amax(2);
       std::vector<float> c(hp.p.batch * hp.p.m * hp.p.n);
@@ -496,11 +525,11 @@ static GemmAmaxProblem RandomE4M3Problem(int64_t M, int64_t N, int64_t K, DevBuf
 static double MedianLaunchMs(const GemmAmaxProblem& p, const DevBufs& d, const sm90::LaunchOptions& o, int iters) {
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
-  for (int i = 0; i < 3; ++i) CK(sm90::LaunchWithOptions(p, Bufs(d), 0, o));
+  for (int i = 0; i < 3; ++i) CK(LaunchH(p, Bufs(d), o));
   std::vector<float> ts;
   for (int i = 0; i < iters; ++i) {
     CK(cudaEventRecord(e0));
-    CK(sm90::LaunchWithOptions(p, Bufs(d), 0, o));
+    CK(LaunchH(p, Bufs(d), o));
     CK(cudaEventRecord(e1));
     CK(cudaEventSynchronize(e1));
     float ms;
@@ -515,7 +544,8 @@ static void Bench(int iters) {
   struct Shape { int64_t m, n, k; };
   const Shape shapes[] = {{8192, 8192, 8192}, {4096, 4096, 4096}, {16384, 8192, 1024},
                           {2048, 28672, 8192}, {256, 8192, 8192}, {1024, 1024, 1024}};
-  printf("%-20s %6s %12s %12s %12s %12s %10s %s\n", "MxNxK", "tile", "TF/s", "TF/s noamax", "TF/s t128", "TF/s t256",
+  printf("%-20s %6s %12s %12s %12s %12s %12s %10s %s\n", "MxNxK", "tile", "TF/s", "TF/s noamax", "TF/s t128", "TF/s t256",
+         "TF/s nosplit",
          "cuBLASbf16", "check");
   for (const Shape& s : shapes) {
     DevBufs d;
@@ -561,6 +591,9 @@ static void Bench(int iters) {
     const double tf128 = time_it(o);
     o.force_tile_m = 256;
     const double tf256 = time_it(o);
+    o.force_tile_m = 0;
+    o.force_splits = 1;
+    const double tf_nosplit = time_it(o);
     double cublas_tf = 0;
 #ifdef JGA_WITH_CUBLAS
     {
@@ -598,8 +631,8 @@ static void Bench(int iters) {
     char name[64];
     snprintf(name, sizeof name, "%lldx%lldx%lld", static_cast<long long>(s.m), static_cast<long long>(s.n),
              static_cast<long long>(s.k));
-    printf("%-20s %6s %12.1f %12.1f %12.1f %12.1f %10.1f %s (bad %d/256, amax %g)\n", name, "auto", tf, tf_noamax, tf128,
-           tf256, cublas_tf, (bad == 0 && amax_ok) ? "ok" : "WRONG", bad, amax);
+    printf("%-20s %6s %12.1f %12.1f %12.1f %12.1f %12.1f %10.1f %s (bad %d/256, amax %g)\n", name, "auto", tf, tf_noamax,
+           tf128, tf256, tf_nosplit, cublas_tf, (bad == 0 && amax_ok) ? "ok" : "WRONG", bad, amax);
     d.Free();
   }
 }
@@ -639,7 +672,7 @@ static void OneConfig(int64_t M, int64_t N, int64_t K, int tile, int flags, int 
     CK(cudaMalloc(&tr, 16 * sizeof(unsigned long long)));
     CK(cudaMemset(tr, 0, 16 * sizeof(unsigned long long)));
     o.trace = tr;
-    CK(sm90::LaunchWithOptions(p, Bufs(d), 0, o));
+    CK(LaunchH(p, Bufs(d), o));
     CK(cudaDeviceSynchronize());
     unsigned long long h[16];
     CK(cudaMemcpy(h, tr, sizeof h, cudaMemcpyDeviceToHost));

@@ -1,0 +1,44 @@
+"""The CUDA lowering, checked on any machine (jax lowers for the "cuda" platform without a GPU):
+the custom call carries the kernel's device workspace as a third result that XLA owns."""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import jax_gemm_amax as jga
+from jax_gemm_amax import _ffi
+from jax_gemm_amax.primitive import _cuda_workspace_bytes
+
+pytestmark = pytest.mark.skipif(not _ffi.BUILT_WITH_CUDA, reason="built without the CUDA backend")
+
+
+def _custom_call_results(m, n, k, fmt="mxfp8_e4m3", sfv=32):
+    qa, sfa = jga.quantize(jnp.ones((m, k), jnp.float32), fmt)
+    qb, sfb = jga.quantize(jnp.ones((n, k), jnp.float32), fmt)
+    f = jax.jit(lambda *x: jga.gemm_amax(*x, c_dtype=jnp.bfloat16, sf_vec_size=sfv))
+    text = f.trace(qa, qb, sfa, sfb).lower(lowering_platforms=("cuda",)).as_text()
+    calls = [line for line in text.splitlines() if "custom_call @jax_gemm_amax_cuda" in line]
+    assert len(calls) == 1, text
+    return re.search(r"-> \((.*)\)\s*$", calls[0]).group(1)
+
+
+@pytest.mark.parametrize(
+    "m,n,k,workspace",
+    [
+        (256, 1024, 512, 256 + 3 * 256 * 1024 * 4),  # few tiles: split-K up to 4, 3 partial slots
+        (256, 8192, 8192, 512 + 1 * 256 * 8192 * 4),  # 128 counters (tile 128); one partial slot
+        (300, 200, 64, 256 + 3 * 512 * 256 * 4),  # padded to 256x128 tiles
+        (8192, 8192, 256, 0),  # many tiles: no split-K, an empty workspace
+    ],
+)
+def test_workspace_is_a_third_result(m, n, k, workspace):
+    results = _custom_call_results(m, n, k)
+    assert results == f"tensor<1x{m}x{n}xbf16>, tensor<1xf32>, tensor<{workspace}xui8>"
+    assert _cuda_workspace_bytes(1, m, n) == workspace
+
+
+def test_workspace_counts_every_batch_item():
+    # 4 items of 256x512: 4 x 2 x 4 = 32 counters (128 bytes, one 256-byte block) and 3 slots.
+    assert _cuda_workspace_bytes(4, 256, 512) == 256 + 3 * 4 * 256 * 512 * 4

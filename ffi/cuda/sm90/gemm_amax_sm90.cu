@@ -64,9 +64,9 @@ bool EncodeOperandMap(CUtensorMap* map, const void* ptr, uint64_t kbytes, uint64
 
 }  // namespace
 
-int& MaxActiveClusters(int device, int variant, int mi) {
-  static int table[kMaxDevices][5][2] = {};
-  return table[device][variant][mi - 1];
+int& MaxActiveClusters(int device, int variant, int mi, bool split_k) {
+  static int table[kMaxDevices][5][2][2] = {};
+  return table[device][variant][mi - 1][split_k ? 1 : 0];
 }
 
 const char* Unsupported(const GemmAmaxProblem& p) {
@@ -108,8 +108,10 @@ __global__ void ResetKernel(float* amax, int n_amax, unsigned int* ready, int n_
 // Tile height (MI) and split-K factor, from a cost model in units of one 64-K MMA unit of a
 // 256-row tile, by waves of work units over the SMs: tile 128 runs at ~0.72x the rate of tile 256
 // (measured, NOTES 2c); each unit costs a pipeline fill plus its epilogue; a split tile costs the
-// reducer a read of the other splits' fp32 partials (128 KB each at tile 256). Only plans whose
-// workspace fits in `available` bytes are considered.
+// partial tiles' store, the reducer's wait and its read (128 KB per split at tile 256). The split
+// cost is fitted to H200 harness timings (session 6): 256x8192x8192 tile 256 / 2 splits 503 TF/s
+// vs tile 128 unsplit 433; 1024^3 tile 128 / 2 splits 148 vs unsplit 140 vs tile 256 / 4 splits
+// 116. Only plans whose workspace fits in `available` bytes are considered.
 struct Plan {
   int mi = 2;
   int splits = 1;
@@ -133,7 +135,7 @@ Plan MakePlan(const GemmAmaxProblem& p, int sms, const LaunchOptions& opt, size_
       const long long waves = CeilDiv(tiles * splits, sms);
       const double kunits = static_cast<double>(CeilDiv(nslabs, splits) * units_per_slab);
       const double cost = static_cast<double>(waves) *
-                          (kunits * (mi == 2 ? 1.0 : 0.69) + (mi == 2 ? 2.4 : 1.6) + (splits > 1 ? 0.7 * mi * (splits - 1) + 0.6 : 0.0));
+                          (kunits * (mi == 2 ? 1.0 : 0.69) + (mi == 2 ? 2.4 : 1.6) + (splits > 1 ? 4.0 * mi * (splits - 1) + 0.6 : 0.0));
       if (best_cost < 0 || cost < best_cost * 0.98) {
         best_cost = cost;
         best.mi = mi;

@@ -26,7 +26,7 @@ struct LaunchCtx {
 // Per device and kernel: how many kCluster-CTA clusters fit on the GPU at once (a persistent grid
 // must be co-resident; not every SM can host a CTA of a cluster). Filled by Prepare*().
 constexpr int kMaxDevices = 64;
-int& MaxActiveClusters(int device, int variant, int mi);
+int& MaxActiveClusters(int device, int variant, int mi, bool split_k);
 
 cudaError_t LaunchVariant0(const LaunchCtx& ctx);  // e4m3, e8m0/32
 cudaError_t LaunchVariant1(const LaunchCtx& ctx);  // e5m2, e8m0/32
@@ -34,8 +34,9 @@ cudaError_t LaunchVariant2(const LaunchCtx& ctx);  // e2m1, e8m0/32
 cudaError_t LaunchVariant3(const LaunchCtx& ctx);  // e2m1, e8m0/16
 cudaError_t LaunchVariant4(const LaunchCtx& ctx);  // e2m1, e4m3/16 (NVFP4)
 
-// Loads both kernels of variant V on the current device and raises their dynamic shared-memory
-// limit. Must run outside stream capture (it may load the module lazily): see Prepare().
+// Loads the four kernels of variant V (two tile heights, with and without split-K) on the current
+// device and raises their dynamic shared-memory limit. Must run outside stream capture (it may load
+// the module lazily): see Prepare().
 cudaError_t PrepareVariant0();
 cudaError_t PrepareVariant1();
 cudaError_t PrepareVariant2();
@@ -60,11 +61,12 @@ cudaLaunchConfig_t LaunchConfig(int grid, cudaStream_t stream, cudaLaunchAttribu
   return cfg;
 }
 
-template <int V, int MI>
+template <int V, int MI, bool kSplitK>
 cudaError_t ConfigureKernel() {
   using S = Smem<V, MI>;
   static_assert(S::kDynBytes <= 227 * 1024, "shared memory budget");
-  cudaError_t err = cudaFuncSetAttribute(GemmAmaxKernel<V, MI>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kDynBytes);
+  const auto kernel = GemmAmaxKernel<V, MI, kSplitK>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kDynBytes);
   if (err != cudaSuccess) return err;
   int dev = 0;
   err = cudaGetDevice(&dev);
@@ -72,20 +74,31 @@ cudaError_t ConfigureKernel() {
   cudaLaunchAttribute attr[2];
   const cudaLaunchConfig_t cfg = LaunchConfig<V, MI>(kCluster * 1024, nullptr, attr, false);
   int clusters = 0;
-  err = cudaOccupancyMaxActiveClusters(&clusters, GemmAmaxKernel<V, MI>, &cfg);
+  err = cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg);
   if (err != cudaSuccess) return err;
   if (clusters <= 0) return cudaErrorInvalidConfiguration;
-  if (dev < kMaxDevices) MaxActiveClusters(dev, V, MI) = clusters;
+  if (dev < kMaxDevices) MaxActiveClusters(dev, V, MI, kSplitK) = clusters;
   return cudaSuccess;
 }
 
 template <int V, int MI>
-cudaError_t LaunchVariantMI(const LaunchCtx& ctx) {
-  const int fit = ctx.device < kMaxDevices ? MaxActiveClusters(ctx.device, V, MI) : 0;
+cudaError_t ConfigureKernels() {
+  cudaError_t err = ConfigureKernel<V, MI, false>();
+  return err != cudaSuccess ? err : ConfigureKernel<V, MI, true>();
+}
+
+template <int V, int MI, bool kSplitK>
+cudaError_t LaunchKernel(const LaunchCtx& ctx) {
+  const int fit = ctx.device < kMaxDevices ? MaxActiveClusters(ctx.device, V, MI, kSplitK) : 0;
   const int grid = fit > 0 ? std::min(ctx.grid, fit * kCluster) : ctx.grid;
   cudaLaunchAttribute attr[2];
   const cudaLaunchConfig_t cfg = LaunchConfig<V, MI>(grid, ctx.stream, attr, ctx.after_reset);
-  return cudaLaunchKernelEx(&cfg, GemmAmaxKernel<V, MI>, ctx.tm_a, ctx.tm_b, ctx.params);
+  return cudaLaunchKernelEx(&cfg, GemmAmaxKernel<V, MI, kSplitK>, ctx.tm_a, ctx.tm_b, ctx.params);
+}
+
+template <int V, int MI>
+cudaError_t LaunchVariantMI(const LaunchCtx& ctx) {
+  return ctx.params.splits > 1 ? LaunchKernel<V, MI, true>(ctx) : LaunchKernel<V, MI, false>(ctx);
 }
 
 #define JGA_SM90_INSTANTIATE_VARIANT(V)                                            \
@@ -93,8 +106,8 @@ cudaError_t LaunchVariantMI(const LaunchCtx& ctx) {
     return ctx.mi == 2 ? LaunchVariantMI<V, 2>(ctx) : LaunchVariantMI<V, 1>(ctx); \
   }                                                                                \
   cudaError_t PrepareVariant##V() {                                                \
-    cudaError_t err = ConfigureKernel<V, 1>();                                     \
-    return err != cudaSuccess ? err : ConfigureKernel<V, 2>();                     \
+    cudaError_t err = ConfigureKernels<V, 1>();                                    \
+    return err != cudaSuccess ? err : ConfigureKernels<V, 2>();                    \
   }
 
 }  // namespace sm90

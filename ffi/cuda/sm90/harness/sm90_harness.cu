@@ -521,23 +521,31 @@ static GemmAmaxProblem RandomE4M3Problem(int64_t M, int64_t N, int64_t K, DevBuf
   return p;
 }
 
-// Median milliseconds of `iters` launches (cudaEvent around each) after 3 warm-ups.
-static double MedianLaunchMs(const GemmAmaxProblem& p, const DevBufs& d, const sm90::LaunchOptions& o, int iters) {
+// Median milliseconds per launch over `iters` samples, after 3 warm-ups; each sample times
+// kBackToBack launches queued back to back between two events, as a JAX program issues them (one
+// launch per sample would add the host's launch latency to every small problem).
+constexpr int kBackToBack = 8;
+template <class Launch>
+static double MedianMs(Launch launch, int iters) {
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
-  for (int i = 0; i < 3; ++i) CK(LaunchH(p, Bufs(d), o));
+  for (int i = 0; i < 3; ++i) launch();
   std::vector<float> ts;
   for (int i = 0; i < iters; ++i) {
     CK(cudaEventRecord(e0));
-    CK(LaunchH(p, Bufs(d), o));
+    for (int r = 0; r < kBackToBack; ++r) launch();
     CK(cudaEventRecord(e1));
     CK(cudaEventSynchronize(e1));
     float ms;
     CK(cudaEventElapsedTime(&ms, e0, e1));
-    ts.push_back(ms);
+    ts.push_back(ms / kBackToBack);
   }
   CK(cudaEventDestroy(e0)); CK(cudaEventDestroy(e1));
   return Median(ts);
+}
+
+static double MedianLaunchMs(const GemmAmaxProblem& p, const DevBufs& d, const sm90::LaunchOptions& o, int iters) {
+  return MedianMs([&] { CK(LaunchH(p, Bufs(d), o)); }, iters);
 }
 
 static void Bench(int iters) {
@@ -599,8 +607,6 @@ static void Bench(int iters) {
     {
       cublasHandle_t h;
       cublasCreate(&h);
-      cudaEvent_t e0, e1;
-      CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
       uint16_t *ba, *bb, *bc;
       CK(cudaMalloc(&ba, abytes * 2)); CK(cudaMalloc(&bb, bbytes * 2)); CK(cudaMalloc(&bc, s.m * s.n * 2));
       FillBF16<<<1024, 256>>>(ba, abytes, 5);
@@ -611,20 +617,11 @@ static void Bench(int iters) {
         return cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, s.n, s.m, s.k, &alpha, bb, CUDA_R_16BF, s.k, ba, CUDA_R_16BF, s.k,
                             &beta, bc, CUDA_R_16BF, s.n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
       };
-      for (int i = 0; i < 3; ++i) run();
-      std::vector<float> ts;
-      for (int i = 0; i < iters; ++i) {
-        CK(cudaEventRecord(e0));
-        run();
-        CK(cudaEventRecord(e1));
-        CK(cudaEventSynchronize(e1));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        ts.push_back(ms);
-      }
-      cublas_tf = 2.0 * s.m * s.n * s.k / (Median(ts) * 1e-3) / 1e12;
+      const double cublas_ms = MedianMs([&] {
+        if (run() != CUBLAS_STATUS_SUCCESS) { fprintf(stderr, "cublasGemmEx failed\n"); exit(2); }
+      }, iters);
+      cublas_tf = 2.0 * s.m * s.n * s.k / (cublas_ms * 1e-3) / 1e12;
       cudaFree(ba); cudaFree(bb); cudaFree(bc);
-      CK(cudaEventDestroy(e0)); CK(cudaEventDestroy(e1));
       cublasDestroy(h);
     }
 #endif

@@ -19,7 +19,12 @@
 //     a real (not unrolled) unit loop.
 //   * K is permuted consistently for A and B inside each 64-K unit so that every thread reads
 //     16 contiguous bytes of A per row (one LDS.128) and the converter writes whole 16-byte chunks.
-//   * CTA tile: (128*MI) x 128 (MI = 1 or 2, picked by the host heuristic).
+//   * CTA tile: (128*MI) x 128 (MI = 1 or 2, picked by the host's cost model). A work unit is a
+//     tile, or, in the kSplitK kernels (problems with few tiles), one of `splits` K ranges of a
+//     tile: the other splits hand fp32 partial tiles to the last one through a device workspace.
+//   * amax and the split-K counters are zeroed by a tiny reset kernel launched just before; this
+//     kernel is its programmatic dependent (it starts at once and waits, griddepcontrol.wait,
+//     only before it touches that memory).
 //   * Conversion: the code's bits are moved into BF16 position with PRMT/SHF/LOP (value * 2^-O
 //     exactly, subnormals included), then multiplied (BF16 HMUL2, exact) by a per-group
 //     power-of-two (e8m0) or e4m3 multiplier that also undoes 2^-O (a second multiply only when an

@@ -127,7 +127,9 @@ Plan MakePlan(const GemmAmaxProblem& p, int sms, const LaunchOptions& opt, size_
   for (int mi = 2; mi >= 1; --mi) {
     if ((opt.force_tile_m == 128 && mi != 1) || (opt.force_tile_m == 256 && mi != 2)) continue;
     const long long tiles = CeilDiv(p.m, 128 * mi) * tn * p.batch;
-    for (int splits = 1; splits <= std::min<long long>(kMaxSplits, nslabs); ++splits) {
+    // Split-K partial slots are per cluster tile: with 2-CTA clusters (an experiment) they would clash.
+    const long long max_splits = kCluster == 1 ? std::min<long long>(kMaxSplits, nslabs) : 1;
+    for (int splits = 1; splits <= max_splits; ++splits) {
       if (opt.force_splits > 0 && splits != std::min<long long>({opt.force_splits, kMaxSplits, nslabs})) continue;
       const size_t ready_bytes = static_cast<size_t>(CeilDiv(tiles * 4, 256) * 256);
       const size_t need = static_cast<size_t>(splits - 1) * tiles * (128 * mi) * 128 * sizeof(float) + ready_bytes;
@@ -145,11 +147,6 @@ Plan MakePlan(const GemmAmaxProblem& p, int sms, const LaunchOptions& opt, size_
     }
   }
   return best;
-}
-
-int CurrentSmCount(int* dev) {
-  *dev = 0;
-  return cudaGetDevice(dev) == cudaSuccess ? SmCount(*dev) : 132;
 }
 
 }  // namespace
@@ -176,7 +173,9 @@ cudaError_t LaunchWithOptions(const GemmAmaxProblem& p, const GemmAmaxBuffers& b
     if (e != cudaSuccess) return e;
   }
   int dev = 0;
-  const int sms = CurrentSmCount(&dev);
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  const int sms = SmCount(dev);
   const Plan plan = MakePlan(p, sms, opt, workspace != nullptr ? workspace_bytes : 0);
   const int mi = plan.mi;
 

@@ -163,6 +163,7 @@ size_t WorkspaceBytes(const GemmAmaxProblem& p) {
 cudaError_t LaunchWithOptions(const GemmAmaxProblem& p, const GemmAmaxBuffers& buf, void* workspace,
                               size_t workspace_bytes, cudaStream_t stream, const LaunchOptions& opt) {
   if (Unsupported(p) != nullptr) return cudaErrorInvalidValue;
+  if (workspace_bytes == 0) workspace = nullptr;  // an empty result's address may be anything
   // TMA / bulk copies need 16-byte aligned global addresses; the epilogue stores up to 8 bytes.
   const uintptr_t ptr_bits = reinterpret_cast<uintptr_t>(buf.a) | reinterpret_cast<uintptr_t>(buf.b) |
                              reinterpret_cast<uintptr_t>(buf.sfa) | reinterpret_cast<uintptr_t>(buf.sfb) |

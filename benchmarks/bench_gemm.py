@@ -8,10 +8,16 @@ scales per 32) quantized from random data:
   * cuBLAS bf16 jnp.dot on unscaled bf16 operands, no amax (the bar)
 Each is timed as the median over repeats of (enqueue `--calls` calls, block), reported in
 TFLOP/s = 2MNK / time, and its output is checked against the float32 dequantized product.
+Small problems are bound by JAX's per-call dispatch that way (every path reads ~30 TFLOP/s at
+1024^3 on an H200); `--chain N` makes each call run the operation N times inside one jitted
+function, on N copies of the operands (identical calls on the same operands would be merged by
+XLA, and an optimization barrier does not survive its passes), so that the table compares the
+operations rather than the dispatch.
 
     python benchmarks/bench_gemm.py                 # default shapes, prints a markdown table
     python benchmarks/bench_gemm.py --record        # also appends the table to benchmarks/RESULTS.md
     python benchmarks/bench_gemm.py --format nvfp4  # NVFP4 operands (a peer that cannot run it: n/a)
+    python benchmarks/bench_gemm.py --chain 20      # 20 repeats per jitted call (small shapes)
 """
 
 from __future__ import annotations
@@ -43,6 +49,26 @@ def timed(fn, args, calls, repeats):
         jax.block_until_ready(last)
         samples.append((time.perf_counter() - start) / calls)
     return statistics.median(samples), out
+
+
+def chained(fn, n):
+    """fn run n times in one jitted call, repeat i on copy i of the operands (distinct buffers, so
+    that XLA cannot merge the repeats). Takes the n copies, returns repeat 0's output and the
+    others' (all outputs stay live, so that none is dropped as dead code)."""
+    if n == 1:
+        return fn
+
+    @jax.jit
+    def run(*copies):
+        outs = [fn(*ops) for ops in copies]
+        return outs[0], outs[1:]
+
+    return run
+
+
+def chain_operands(ops, n):
+    """The arguments of chained(fn, n): the operands, or n copies of them."""
+    return ops if n == 1 else tuple(ops if i == 0 else tuple(jnp.copy(x) for x in ops) for i in range(n))
 
 
 def record(title, description, table):
@@ -101,6 +127,7 @@ def main():
     parser.add_argument("--shapes", default=None, help="e.g. 8192x8192x8192,256x8192x8192")
     parser.add_argument("--calls", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--chain", type=int, default=1, help="repeats of the operation inside one jitted call")
     parser.add_argument("--format", default="mxfp8_e4m3", choices=sorted(jga.FORMATS), help="operand format")
     parser.add_argument("--record", action="store_true", help="append the table to benchmarks/RESULTS.md")
     args = parser.parse_args()
@@ -110,7 +137,7 @@ def main():
     shapes = GPU_SHAPES if on_gpu else CPU_SHAPES
     if args.shapes:
         shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
-    cands = build_candidates(on_gpu, fmt)
+    cands = {name: chained(fn, args.chain) for name, fn in build_candidates(on_gpu, fmt).items()}
     device = jax.devices()[0].device_kind
 
     peers = {"cuBLAS bf16": "bf16 dot, no scales (cuBLAS)", "XLA dequant": "XLA dequant→bf16 dot→amax"}
@@ -127,13 +154,13 @@ def main():
         qb, sfb = jga.quantize(w, fmt)
         xa, xb = x.astype(jnp.bfloat16), w.astype(jnp.bfloat16)
         del x, w
-        ops = (qa, qb, sfa, sfb, xa, xb)
+        ops = chain_operands((qa, qb, sfa, sfb, xa, xb), args.chain)
         ref = None
         tflops = {}
         for name, fn in cands.items():
             t, out = timed(fn, ops, args.calls, args.repeats)
-            tflops[name] = 2 * m * n * k / t / 1e12
-            c, amax = out
+            tflops[name] = 2 * m * n * k * args.chain / t / 1e12
+            c, amax = out if args.chain == 1 else out[0]
             if name.startswith("XLA"):
                 continue
             if ref is None and not name.startswith("bf16"):
@@ -156,12 +183,13 @@ def main():
 
     table = "\n".join(rows)
     print()
-    print(f"{device}, jax {jax.__version__}, {fmt}, TFLOP/s (2MNK / median time), outputs checked against the f32 product")
+    print(f"{device}, jax {jax.__version__}, {fmt}, chain {args.chain}, TFLOP/s (2MNK / median time), outputs checked against the f32 product")
     print(table)
     if args.record:
         shape_arg = f" --shapes {args.shapes}" if args.shapes else ""
         record(f"gemm_amax vs peers on {device}",
-               f"`python benchmarks/bench_gemm.py --format {fmt}{shape_arg} --calls {args.calls} --repeats {args.repeats}`"
+               f"`python benchmarks/bench_gemm.py --format {fmt}{shape_arg} --calls {args.calls} --repeats {args.repeats}"
+               f" --chain {args.chain}`"
                f" (jax {jax.__version__}); TFLOP/s = 2MNK / median time, {fmt} operands.", table)
 
 

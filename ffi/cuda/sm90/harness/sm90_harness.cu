@@ -293,6 +293,7 @@ static cudaError_t LaunchH(const GemmAmaxProblem& p, const GemmAmaxBuffers& b, c
   if (want > g_ws_bytes) {
     cudaFree(g_ws);
     CK(cudaMalloc(&g_ws, want));
+    CK(cudaMemset(g_ws, 0xFF, want));  // poisoned from the start (see RunAndCheck)
     g_ws_bytes = want;
   }
   return sm90::LaunchWithOptions(p, b, want > 0 ? g_ws : nullptr, want, 0, o);

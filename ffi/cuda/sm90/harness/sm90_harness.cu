@@ -522,15 +522,26 @@ static GemmAmaxProblem RandomE4M3Problem(int64_t M, int64_t N, int64_t K, DevBuf
   return p;
 }
 
-// Median milliseconds per launch over `iters` samples, after 3 warm-ups; each sample times
-// kBackToBack launches queued back to back between two events, as a JAX program issues them (one
-// launch per sample would add the host's launch latency to every small problem).
+// Median milliseconds per launch over `iters` samples, after >= 50 ms of warm-up launches; each
+// sample times kBackToBack launches queued back to back between two events, as a JAX program
+// issues them (one launch per sample would add the host's launch latency to every small problem).
+// (With 3 warm-up launches, the first configuration timed per shape read up to ~10% below the
+// later ones in session 6, for every build; the time-based warm-up has not run on a GPU yet.)
 constexpr int kBackToBack = 8;
 template <class Launch>
 static double MedianMs(Launch launch, int iters) {
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
-  for (int i = 0; i < 3; ++i) launch();
+  float warm_ms = 0;
+  for (int n = 0; n < 1000 && warm_ms < 50.0f; ++n) {
+    CK(cudaEventRecord(e0));
+    for (int r = 0; r < kBackToBack; ++r) launch();
+    CK(cudaEventRecord(e1));
+    CK(cudaEventSynchronize(e1));
+    float ms;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    warm_ms += ms;
+  }
   std::vector<float> ts;
   for (int i = 0; i < iters; ++i) {
     CK(cudaEventRecord(e0));

@@ -22,7 +22,7 @@ bool Prepared();
 // Split-K (problems with few output tiles) keeps fp32 partial tiles and per-tile counters in a
 // device workspace that the caller provides (the JAX lowering: an extra output of the custom call,
 // so that XLA owns it, CUDA graphs included). WorkspaceBytes is the size to offer for `p`: 0 for
-// problems with many tiles, at most ~48 MB. Launch picks only plans that fit the workspace given
+// problems with many tiles, at most 16 MB + counters. Launch picks only plans that fit the workspace given
 // (none or a smaller one just rules split-K out). 16-byte aligned; contents irrelevant.
 constexpr int kMaxSplits = 4;
 constexpr long long kSplitMaxElems = 1ll << 22;  // fp32 elements of C padded to 256x128 tiles

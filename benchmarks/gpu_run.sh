@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine (from the repository root): build and install for sm_90a and check the SASS,
-# then the named stages: `tests` (the whole suite on the GPU backend, ~4.5 min since session 6), `bench` (the
+# then the named stages: `tests` (the whole suite on the GPU backend, ~5 min since session 6), `bench` (the
 # side-by-side benchmark, --record), `memcheck` (compute-sanitizer on small cases), `train` (the
 # Flax example's step times). Logs and the updated RESULTS.md land in $OUT. Each stage has its own
 # time limit; all four take more than one device call's 10 minutes, so run them as two calls:

@@ -583,12 +583,12 @@ __device__ __forceinline__ void AddPartials(float (&acc)[MI][64], const KParams&
 // wavefronts for 512 bytes, which made the epilogue ~22% of the time at 16384x8192x1024
 // (JGA_SM90_TRACE, session 5). Staged chunks are XOR-swizzled so that the fragment-layout writes
 // are free of bank conflicts.
-template <int CT, int MI, bool kFp4>
+template <int CT, int MI, int V>
 __device__ __forceinline__ void Epilogue(float (&acc)[MI][64], const KParams& p, int l, int row_w, int col_t,
                                          bool full, uint32_t stage, int lane, float& amax_run) {
   const int g = lane >> 2, t = lane & 3;
   const size_t batch_off = static_cast<size_t>(l) * p.m;
-  auto value = [&](int mi, int i) { return kFp4 ? acc[mi][i] * 65536.0f : acc[mi][i]; };
+  auto value = [&](int mi, int i) { return acc[mi][i] * VariantTraits<V>::kAccScale; };
   if (full && p.c_aligned16) {
     constexpr int PB = kPairBytes<CT>;        // bytes of one thread's pair; 4 * PB per row per j
     constexpr int RB = PB == 1 ? 64 : 128;     // staged bytes per row and round (a tile row of e2m1 is 64)
@@ -1179,7 +1179,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const bool full = (tc.mt * kBM + kBM <= p.m) && (col_t + kBN <= p.n);
         const uint32_t stage = smem + S::kOffStage + (warp_idx - 8) * kStageBytesPerWarp;
         auto epilogue = [&](auto ct) {
-          Epilogue<decltype(ct)::value, MI, Tr::kFp4>(acc, p, tc.l, row_w, col_t, full, stage, lane, amax_run);
+          Epilogue<decltype(ct)::value, MI, V>(acc, p, tc.l, row_w, col_t, full, stage, lane, amax_run);
         };
         switch (p.c_type) {
           case static_cast<int>(OutputType::kF32): epilogue(std::integral_constant<int, 0>{}); break;

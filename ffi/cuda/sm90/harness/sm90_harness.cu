@@ -532,26 +532,19 @@ template <class Launch>
 static double MedianMs(Launch launch, int iters) {
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
+  auto sample_ms = [&] {  // kBackToBack launches between two events
+    CK(cudaEventRecord(e0));
+    for (int r = 0; r < kBackToBack; ++r) launch();
+    CK(cudaEventRecord(e1));
+    CK(cudaEventSynchronize(e1));
+    float ms;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    return ms;
+  };
   float warm_ms = 0;
-  for (int n = 0; n < 1000 && warm_ms < 50.0f; ++n) {
-    CK(cudaEventRecord(e0));
-    for (int r = 0; r < kBackToBack; ++r) launch();
-    CK(cudaEventRecord(e1));
-    CK(cudaEventSynchronize(e1));
-    float ms;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    warm_ms += ms;
-  }
+  for (int n = 0; n < 1000 && warm_ms < 50.0f; ++n) warm_ms += sample_ms();
   std::vector<float> ts;
-  for (int i = 0; i < iters; ++i) {
-    CK(cudaEventRecord(e0));
-    for (int r = 0; r < kBackToBack; ++r) launch();
-    CK(cudaEventRecord(e1));
-    CK(cudaEventSynchronize(e1));
-    float ms;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    ts.push_back(ms / kBackToBack);
-  }
+  for (int i = 0; i < iters; ++i) ts.push_back(sample_ms() / kBackToBack);
   CK(cudaEventDestroy(e0)); CK(cudaEventDestroy(e1));
   return Median(ts);
 }

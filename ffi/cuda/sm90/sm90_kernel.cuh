@@ -112,6 +112,14 @@ constexpr int kCluster = JGA_SM90_CLUSTER;
 #endif
 constexpr int kBoxRows = JGA_SM90_BOX_ROWS;
 static_assert(kCluster == 1 || kCluster == 2 || kCluster == 4, "cluster size");
+// Which row of its 8-row group the A codes (and so the accumulators and C values) of fragment row
+// g carry. The WGMMA fragment gives lanes 4g..4g+3 row g; an LDS.128 is served a quarter-warp at a
+// time, i.e. rows g and g+1 (lanes 0-7, 8-15, ...). In the TMA's 128B swizzle a 16-byte chunk c of
+// row r sits at chunk c ^ (r & 7), so rows r and r+1 put a unit's 4 chunks into the same 4 chunk
+// slots: a 2-way bank conflict on every A load. Giving the two rows of a quarter-warp rows g/2 and
+// g/2 + 4 instead puts them into opposite halves of the 128 bytes (conflict-free; fp4's 8-byte
+// loads: 2-way instead of 4-way).
+__device__ __forceinline__ int FragRow(int g) { return (g >> 1) | ((g & 1) << 2); }
 // KParams::flags bits. Only kFlagNoAmax is honoured by production builds; the others switch parts
 // of the kernel off for timing experiments (results wrong) and exist only in harness builds
 // (-DJGA_SM90_EXPERIMENTS): reading them costs a constant-bank load and a branch per step.
@@ -573,7 +581,7 @@ __device__ __forceinline__ void AddPartials(float (&acc)[MI][64], const KParams&
 }
 
 // ---------------------------------------------------------------------------------------------
-// Epilogue of one consumer thread: rows row_w + g + mi*64 + {0, 8} (row_w: the warp's first row),
+// Epilogue of one consumer thread: rows row_w + FragRow(g) + mi*64 + {0, 8} (row_w: the warp's first row),
 // columns col_t + 2t + 8j + {0, 1} (col_t: the tile's first column).
 //
 // Full tiles whose C rows start 16-byte aligned go through a 1 KB shared-memory staging buffer of
@@ -586,7 +594,7 @@ __device__ __forceinline__ void AddPartials(float (&acc)[MI][64], const KParams&
 template <int CT, int MI, int V>
 __device__ __forceinline__ void Epilogue(float (&acc)[MI][64], const KParams& p, int l, int row_w, int col_t,
                                          bool full, uint32_t stage, int lane, float& amax_run) {
-  const int g = lane >> 2, t = lane & 3;
+  const int gr = FragRow(lane >> 2), t = lane & 3;  // this thread's rows: gr, gr + 8 of each 16
   const size_t batch_off = static_cast<size_t>(l) * p.m;
   auto value = [&](int mi, int i) { return acc[mi][i] * VariantTraits<V>::kAccScale; };
   if (full && p.c_aligned16) {
@@ -612,7 +620,7 @@ __device__ __forceinline__ void Epilogue(float (&acc)[MI][64], const KParams& p,
             amax_run = AbsMaxNaN(amax_run, v1);
             const uint64_t bits = EncodePair<CT>(v0, v1);
             const int off = jj * 4 * PB + t * PB;
-            const uint32_t addr = stage + g * RB + (swz(g, off >> 4) << 4) + (off & 15);
+            const uint32_t addr = stage + gr * RB + (swz(gr, off >> 4) << 4) + (off & 15);
             if constexpr (PB == 8) {
               asm volatile("st.shared.v2.b32 [%0], {%1, %2};" ::"r"(addr), "r"(static_cast<uint32_t>(bits)),
                            "r"(static_cast<uint32_t>(bits >> 32)));
@@ -643,7 +651,7 @@ __device__ __forceinline__ void Epilogue(float (&acc)[MI][64], const KParams& p,
   for (int mi = 0; mi < MI; ++mi) {
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
-      const int row = row_w + g + mi * 64 + rr * 8;
+      const int row = row_w + gr + mi * 64 + rr * 8;
       if (row >= p.m) continue;
       const size_t row_idx = (batch_off + row) * static_cast<size_t>(p.n);
 #pragma unroll
@@ -962,7 +970,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     int inflight_b_stage = -1;  // B stage of the unit whose last WGMMA group may still run
     // Slab-invariant parts of this thread's A and scale addresses: rows row0 + mi*64 + rr*8.
-    const int row0 = wg * 64 * MI + warp * 16 + g;
+    const int gr = FragRow(g);  // every row of this thread is gr mod 8
+    const int row0 = wg * 64 * MI + warp * 16 + gr;
     const uint32_t a_row_off = static_cast<uint32_t>(row0) * 128u;
     uint32_t sf_row_off[MI][2];
 #pragma unroll
@@ -1022,9 +1031,9 @@ __global__ void __launch_bounds__(kThreads, 1)
           const uint64_t desc_b = static_cast<uint64_t>(bufb >> 4) | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) |
                                   (uint64_t{1} << 62);
           // This unit's A codes (16 bytes per row: chunk `chunk` of the row, 128B-swizzled; every
-          // row of this thread has row % 8 == g) and, fp4, scale bytes of (mi, rr) packed in svp.
+          // row of this thread has row % 8 == gr) and, fp4, scale bytes of (mi, rr) packed in svp.
           const int chunk = Tr::kFp4 ? 4 * (ui >> 1) + t : 4 * ui + t;
-          const uint32_t a_addr = raw_a + a_row_off + (((chunk ^ g) << 4) | (Tr::kFp4 ? 8 * (ui & 1) : 0));
+          const uint32_t a_addr = raw_a + a_row_off + (((chunk ^ gr) << 4) | (Tr::kFp4 ? 8 * (ui & 1) : 0));
           const uint32_t s_addr = sfa + (gis >> 2) * 512 + (gis & 3);
           uint32_t rawv[MI][2][RW];
           uint32_t svp = 0u;

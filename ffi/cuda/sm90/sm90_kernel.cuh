@@ -97,7 +97,28 @@ struct KParams {
   float* partials;     // [(splits - 1) * tiles_total][kBM * kBN] in the consumers' fragment order
 };
 
-constexpr int kThreads = 512;
+// Warpgroups of a CTA: the producer, kConverterWGs B converters, two consumers. Tile height 128
+// (MI = 1) has two converters, which take the 64-K units of a slab in turn: B is converted once per
+// tile at either height, so at MI = 1 it is the same work for half the MMAs, and with one converter
+// the consumers waited for it (JGA_SM90_TRACE, 8192^3: ~450 cycles per slab for full B buffers).
+// At MI = 2 the consumers' registers leave no room for a second converter.
+#ifndef JGA_SM90_CONVERTERS_MI1
+#define JGA_SM90_CONVERTERS_MI1 2
+#endif
+template <int MI>
+struct Roles {
+  static constexpr int kConverterWGs = MI == 1 ? JGA_SM90_CONVERTERS_MI1 : 1;
+  static constexpr int kFirstConsumerWarp = 4 * (1 + kConverterWGs);
+  static constexpr int kThreads = 32 * kFirstConsumerWarp + 256;
+  // setmaxnreg budgets. The CTA's register pool is what it was launched with: the per-thread count
+  // that __launch_bounds__(kThreads, 1) allows (ptxas uses all of it in kernels with setmaxnreg),
+  // times kThreads; the producer keeps 24, the converters 56, the consumers get the rest (MI = 2:
+  // 216 of 128 x 512; MI = 1: 168 of 96 x 640). A consumer budget above the pool would hang the
+  // CTA in setmaxnreg.inc.
+  static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
+  static constexpr int kConsumerRegs = (kLaunchRegs * kThreads - 128 * 24 - 128 * kConverterWGs * 56) / 256 / 8 * 8;
+  static_assert(kConsumerRegs >= 160, "consumer register budget");
+};
 // CTAs are launched in clusters of kCluster along N: the CTAs of a cluster share one m-tile and
 // take adjacent n-tiles; each loads 1/kCluster of the A slab and multicasts it to all of them,
 // which cuts the L2->SM traffic per CTA from (A + B) to (A / kCluster + B). (The raw loads alone
@@ -687,7 +708,7 @@ __device__ __forceinline__ int GroupInSlab(int ui, int t) {
 }
 
 template <int V, int MI, bool kSplitK>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
     GemmAmaxKernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_b, const KParams p) {
   using Tr = VariantTraits<V>;
   using S = Smem<V, MI>;
@@ -696,6 +717,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kBStages = S::kBStages;
   constexpr int kUPS = Tr::kUnitsPerSlab;
   constexpr int kNSB = Tr::kScaleBlocksPerSlab;
+  using R = Roles<MI>;
 
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint32_t smem = (SmemAddr(smem_raw) + 1023u) & ~1023u;
@@ -719,7 +741,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&tm_b)) : "memory");
     for (int s = 0; s < kRawStages; ++s) {
       MbarInit(bar_full_raw + 8 * s, 1);
-      MbarInit(bar_empty_raw + 8 * s, 12 * kCluster);  // 8 consumer + 4 converter warps per CTA
+      MbarInit(bar_empty_raw + 8 * s, (8 + 4 * R::kConverterWGs) * kCluster);  // consumer + converter warps
     }
     for (int s = 0; s < kBStages; ++s) {
       MbarInit(bar_full_b + 8 * s, 4);
@@ -794,10 +816,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       tr.Flush(p.trace, true);
     }
-  } else if (warp_idx < 8) {
-    // ======================= WG1: B converter =======================
+  } else if (warp_idx < R::kFirstConsumerWarp) {
+    // ======================= WG1 (and WG2 at MI = 1): B converters =======================
     SetMaxNReg<56>();
-    const int n_local = threadIdx.x - 128;  // row of the B tile this thread converts
+    const int cw = warp_idx / 4 - 1;                   // converter cw takes units ui % kConverterWGs == cw
+    const int n_local = threadIdx.x - 128 * (1 + cw);  // row of the B tile this thread converts
     int r_stage = 0, r_phase = 0, b_stage = 0, b_phase = 0;
     const int r7 = n_local & 7;
     Tracer tr;
@@ -815,6 +838,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint32_t sfb = smem + S::kOffSfB + r_stage * S::kSfB + SfInBlock(n_local, 0);
 #pragma unroll 1
         for (int ui = 0; ui < kUPS; ++ui) {
+          if (R::kConverterWGs > 1 && ui % R::kConverterWGs != cw) {  // the other converter's unit
+            if (++b_stage == kBStages) { b_stage = 0; b_phase ^= 1; }
+            continue;
+          }
           tr.Start();
           MbarWait(bar_empty_b + 8 * b_stage, b_phase ^ 1);
           tr.Stop(kTrConvWaitEmptyB);
@@ -938,8 +965,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     tr.Flush(p.trace, threadIdx.x == 128);
   } else {
     // ======================= WG2, WG3: consumers =======================
-    SetMaxNReg<216>();  // 128 x 24 + 128 x 56 + 256 x 216 = 64 K registers
-    const int wg = warp_idx / 4 - 2;
+    SetMaxNReg<R::kConsumerRegs>();
+    const int wg = (warp_idx - R::kFirstConsumerWarp) / 4;
     const int warp = warp_idx & 3;
     const int g = lane >> 2;
     const int t = lane & 3;
@@ -1172,7 +1199,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       inflight_b_stage = -1;
 
       if constexpr (kSplitK) {
-        const int ctid = threadIdx.x - 256;
+        const int ctid = threadIdx.x - 32 * R::kFirstConsumerWarp;
         if (wu.split < p.splits - 1) {
           StorePartial<MI>(acc, p, wu, ctid);
           continue;  // the reducer stores this tile and takes its amax
@@ -1186,7 +1213,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int row_w = tc.mt * kBM + wg * 64 * MI + warp * 16;
         const int col_t = (tc.nt * kCluster + rank) * kBN;
         const bool full = (tc.mt * kBM + kBM <= p.m) && (col_t + kBN <= p.n);
-        const uint32_t stage = smem + S::kOffStage + (warp_idx - 8) * kStageBytesPerWarp;
+        const uint32_t stage = smem + S::kOffStage + (warp_idx - R::kFirstConsumerWarp) * kStageBytesPerWarp;
         auto epilogue = [&](auto ct) {
           Epilogue<decltype(ct)::value, MI, V>(acc, p, tc.l, row_w, col_t, full, stage, lane, amax_run);
         };
@@ -1205,7 +1232,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #ifdef JGA_SM90_TRACE
     tr.Add(kTrConsTotal, clock64() - cons_t0);
 #endif
-    tr.Flush(p.trace, threadIdx.x == 256);
+    tr.Flush(p.trace, threadIdx.x == 32 * R::kFirstConsumerWarp);
   }
   // No CTA may exit while a peer can still multicast into its shared memory or arrive on it.
   ClusterSync();

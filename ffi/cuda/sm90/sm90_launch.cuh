@@ -47,7 +47,7 @@ template <int V, int MI>
 cudaLaunchConfig_t LaunchConfig(int grid, cudaStream_t stream, cudaLaunchAttribute* attr, bool programmatic) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(grid, 1, 1);
-  cfg.blockDim = dim3(kThreads, 1, 1);
+  cfg.blockDim = dim3(Roles<MI>::kThreads, 1, 1);
   cfg.dynamicSmemBytes = Smem<V, MI>::kDynBytes;
   cfg.stream = stream;
   attr[0].id = cudaLaunchAttributeClusterDimension;

@@ -553,10 +553,30 @@ static double MedianLaunchMs(const GemmAmaxProblem& p, const DevBufs& d, const s
   return MedianMs([&] { CK(LaunchH(p, Bufs(d), o)); }, iters);
 }
 
-static void Bench(int iters) {
-  struct Shape { int64_t m, n, k; };
-  const Shape shapes[] = {{8192, 8192, 8192}, {4096, 4096, 4096}, {16384, 8192, 1024},
-                          {2048, 28672, 8192}, {256, 8192, 8192}, {1024, 1024, 1024}};
+struct Shape {
+  int64_t m, n, k;
+};
+// "MxNxK,MxNxK,..." (an empty list: the issue's six shapes).
+static std::vector<Shape> ParseShapes(const char* list) {
+  std::vector<Shape> shapes;
+  for (const char* q = list; q != nullptr && *q != '\0';) {
+    long long m, n, k;
+    if (sscanf(q, "%lldx%lldx%lld", &m, &n, &k) != 3 || m <= 0 || n <= 0 || k <= 0 || k % 128 != 0) {
+      fprintf(stderr, "bad shape list at '%s' (want MxNxK,..., K a multiple of 128)\n", q);
+      exit(2);
+    }
+    shapes.push_back({m, n, k});
+    q = strchr(q, ',');
+    if (q != nullptr) ++q;
+  }
+  if (shapes.empty()) {
+    shapes = {{8192, 8192, 8192}, {4096, 4096, 4096}, {16384, 8192, 1024},
+              {2048, 28672, 8192}, {256, 8192, 8192}, {1024, 1024, 1024}};
+  }
+  return shapes;
+}
+
+static void Bench(int iters, const std::vector<Shape>& shapes) {
   printf("%-20s %6s %12s %12s %12s %12s %12s %10s %s\n", "MxNxK", "tile", "TF/s", "TF/s noamax", "TF/s t128", "TF/s t256",
          "TF/s nosplit",
          "cuBLASbf16", "check");
@@ -726,9 +746,9 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (mode == "bench") {
-    Bench(argc > 2 ? atoi(argv[2]) : 30);
+    Bench(argc > 2 ? atoi(argv[2]) : 30, ParseShapes(argc > 3 ? argv[3] : nullptr));
     return 0;
   }
-  fprintf(stderr, "usage: %s [test|small|bench [iters]]\n", argv[0]);
+  fprintf(stderr, "usage: %s [test|small|bench [iters [MxNxK,...]]|one M N K tile flags iters|exp]\n", argv[0]);
   return 2;
 }

@@ -12,7 +12,7 @@ wait
 for x in a b; do [ -x /tmp/b$x/sm90_harness ] || { echo "build $x failed"; tail -30 $OUTD/build_$x.txt; cat /tmp/b$x/*.log | grep -m5 error; exit 1; }; done
 grep -h "spill" $OUTD/build_a.txt | head -3
 for x in a b; do
-  /tmp/b$x/sm90_harness test > $OUTD/test_$x.txt 2>&1; echo "test $x rc=$?"; grep -E "FAIL|SUMMARY" $OUTD/test_$x.txt | head -20
+  timeout 120 /tmp/b$x/sm90_harness test > $OUTD/test_$x.txt 2>&1; echo "test $x rc=$?"; grep -E "FAIL|SUMMARY" $OUTD/test_$x.txt | head -20
 done
-echo "== A: $1"; /tmp/ba/sm90_harness bench $ITERS 2>&1 | tee $OUTD/bench_a.txt
-echo "== B: $2"; /tmp/bb/sm90_harness bench $ITERS 2>&1 | tee $OUTD/bench_b.txt | cut -c1-60
+echo "== A: $1"; timeout 300 /tmp/ba/sm90_harness bench $ITERS 2>&1 | tee $OUTD/bench_a.txt
+echo "== B: $2"; timeout 300 /tmp/bb/sm90_harness bench $ITERS 2>&1 | tee $OUTD/bench_b.txt | cut -c1-60

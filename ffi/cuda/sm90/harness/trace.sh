@@ -8,5 +8,5 @@ SHAPE=${4:-"8192 8192 8192 256"}
 for x in a b; do
   [ -x /tmp/t$x/sm90_harness ] || { echo "build $x failed"; grep -m5 error /tmp/t$x/*.log; continue; }
   [ $x = a ] && echo "=== A: $1" || echo "=== B: $2"
-  for f in $3; do /tmp/t$x/sm90_harness one $SHAPE $f 5; done
+  for f in $3; do timeout 60 /tmp/t$x/sm90_harness one $SHAPE $f 5; done
 done

@@ -77,19 +77,18 @@ def _ffi_lowering(ctx, a, b, sfa, sfb, *, target, c_dtype, sf_vec_size, tile_m, 
 # Split-K workspace of the SM90 kernel (C++: sm90::WorkspaceBytes in gemm_amax_sm90.{h,cu}, which
 # this mirrors; a different size only narrows the kernel's choice of plans, it never breaks a call).
 _SM90_MAX_SPLITS = 4
-_SM90_SPLIT_MAX_ELEMS = 1 << 22  # fp32 elements of C padded to 256x128 tiles
+_SM90_SPLIT_MAX_ELEMS = 1 << 22  # fp32 elements of partial tiles, at most
 
 
 def _cuda_workspace_bytes(batch: int, m: int, n: int) -> int:
-    """Device workspace the CUDA handler gets: fp32 split-K partial tiles and per-tile counters for
-    problems with few output tiles (0 for most problems)."""
+    """Device workspace the CUDA handler gets (the same rule as WorkspaceBytes in
+    ffi/cuda/sm90/gemm_amax_sm90.cu): per-tile split-K counters and fp32 partial tiles, for every
+    tile when there are few, else 16 MB for the last wave's tiles."""
     cdiv = lambda x, y: -(-x // y)  # noqa: E731
     elems = cdiv(m, 256) * 256 * cdiv(n, 128) * 128 * batch
-    if elems > _SM90_SPLIT_MAX_ELEMS:
-        return 0
     slots = _SM90_MAX_SPLITS - 1 if elems <= _SM90_SPLIT_MAX_ELEMS // 4 else 1
     counters = cdiv(cdiv(m, 128) * cdiv(n, 128) * batch * 4, 256) * 256
-    return counters + slots * elems * 4
+    return counters + min(slots * elems, _SM90_SPLIT_MAX_ELEMS) * 4
 
 
 def _cuda_lowering(ctx, a, b, sfa, sfb, **params):

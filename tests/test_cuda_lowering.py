@@ -30,7 +30,7 @@ def _custom_call_results(m, n, k, fmt="mxfp8_e4m3", sfv=32):
         (256, 1024, 512, 256 + 3 * 256 * 1024 * 4),  # few tiles: split-K up to 4, 3 partial slots
         (256, 8192, 8192, 512 + 1 * 256 * 8192 * 4),  # 128 counters (tile 128); one partial slot
         (300, 200, 64, 256 + 3 * 512 * 256 * 4),  # padded to 256x128 tiles
-        (8192, 8192, 256, 0),  # many tiles: no split-K, an empty workspace
+        (8192, 8192, 256, 64 * 64 * 4 + (1 << 22) * 4),  # many tiles: 16 MB of partials (a tail split)
     ],
 )
 def test_workspace_is_a_third_result(m, n, k, workspace):

@@ -215,13 +215,16 @@ def test_short_k_and_few_rows(rng, kind, sf_dtype, sfv, m, n, k):
 
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="GPU-sized problems (1.7e10-2.7e11 flops a call)")
 @pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "nvfp4"])
-@pytest.mark.parametrize("m,n,k", [(16384, 8192, 1024), (256, 4096, 8192)], ids=["persistent", "split_k"])
+@pytest.mark.parametrize(
+    "m,n,k", [(16384, 8192, 1024), (256, 4096, 8192), (2560, 1792, 4096)], ids=["persistent", "split_k", "tail_split"]
+)
 def test_every_element_of_a_long_run(fmt, m, n, k):
     """16384x8192x1024: each CTA of the persistent kernel runs ~30 short-K tiles back to back, where
     a shared-memory stage is reused soonest (a missing proxy fence once left a few wrong rows in 1-6
     tiles per call here, which a sampled check missed). 256x4096x8192: 32 output tiles for 132 SMs,
-    so the SM90 kernel splits K and hands fp32 partial tiles between CTAs. Every element, in several
-    calls, against the float32 product."""
+    so the SM90 kernel splits K and hands fp32 partial tiles between CTAs. 2560x1792x4096: 140 tiles,
+    8 more than 132 SMs hold at once: the first 132 run whole, the last 8 split K (a tail split).
+    Every element, in several calls, against the float32 product."""
     sfv = 16 if fmt == "nvfp4" else 32
     kx, kw = jax.random.split(jax.random.key(7))
     qa, sfa = jga.quantize(jax.random.normal(kx, (m, k), jnp.float32), fmt)

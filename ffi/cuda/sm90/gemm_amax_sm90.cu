@@ -111,10 +111,14 @@ __global__ void ResetKernel(float* amax, int n_amax, unsigned int* ready, int n_
 // partial tiles' store, the reducer's wait and its read (128 KB per split at tile 256). The split
 // cost is fitted to H200 harness timings (session 6): 256x8192x8192 tile 256 / 2 splits 503 TF/s
 // vs tile 128 unsplit 433; 1024^3 tile 128 / 2 splits 148 vs unsplit 140 vs tile 256 / 4 splits
-// 116. Only plans whose workspace fits in `available` bytes are considered.
+// 116. Candidates: every tile split S ways (S = 1: no split-K), or, when the last wave of tiles is
+// partial, the whole waves unsplit and only the last wave's tiles split (session 7, harness:
+// 2560x1792x4096 327 -> 396 TF/s, 4096x2304x4096 443 -> 493). Only plans whose workspace fits in
+// `available` bytes are considered.
 struct Plan {
   int mi = 2;
   int splits = 1;
+  int whole_tiles = 0;     // tiles run unsplit before the split ones (a tail split)
   size_t ready_bytes = 0;  // split-K counters, at the start of the workspace; partials follow
 };
 
@@ -127,22 +131,38 @@ Plan MakePlan(const GemmAmaxProblem& p, int sms, const LaunchOptions& opt, size_
   for (int mi = 2; mi >= 1; --mi) {
     if ((opt.force_tile_m == 128 && mi != 1) || (opt.force_tile_m == 256 && mi != 2)) continue;
     const long long tiles = CeilDiv(p.m, 128 * mi) * tn * p.batch;
+    const double rate = mi == 2 ? 1.0 : 0.69, epilogue = mi == 2 ? 2.4 : 1.6;
+    auto wave_cost = [&](int splits) {
+      const double kunits = static_cast<double>(CeilDiv(nslabs, splits) * units_per_slab);
+      return kunits * rate + epilogue + (splits > 1 ? 4.0 * mi * (splits - 1) + 0.6 : 0.0);
+    };
     // Split-K partial slots are per cluster tile: with 2-CTA clusters (an experiment) they would clash.
     const long long max_splits = kCluster == 1 ? std::min<long long>(kMaxSplits, nslabs) : 1;
     for (int splits = 1; splits <= max_splits; ++splits) {
       if (opt.force_splits > 0 && splits != std::min<long long>({opt.force_splits, kMaxSplits, nslabs})) continue;
-      const size_t ready_bytes = static_cast<size_t>(CeilDiv(tiles * 4, 256) * 256);
-      const size_t need = static_cast<size_t>(splits - 1) * tiles * (128 * mi) * 128 * sizeof(float) + ready_bytes;
-      if (splits > 1 && need > available) break;
-      const long long waves = CeilDiv(tiles * splits, sms);
-      const double kunits = static_cast<double>(CeilDiv(nslabs, splits) * units_per_slab);
-      const double cost = static_cast<double>(waves) *
-                          (kunits * (mi == 2 ? 1.0 : 0.69) + (mi == 2 ? 2.4 : 1.6) + (splits > 1 ? 4.0 * mi * (splits - 1) + 0.6 : 0.0));
-      if (best_cost < 0 || cost < best_cost * 0.98) {
-        best_cost = cost;
-        best.mi = mi;
-        best.splits = splits;
-        best.ready_bytes = splits > 1 ? ready_bytes : 0;
+      // Tiles run whole before the split ones: none (every tile split), or, when the last wave is
+      // partial, those of the whole waves (only the last wave's tiles split, spread over the SMs).
+      long long wholes[2] = {0, -1};
+      if (splits > 1 && opt.force_whole_tiles >= 0) {
+        wholes[0] = std::min<long long>(opt.force_whole_tiles, tiles - 1);
+      } else if (splits > 1 && tiles > sms && tiles % sms != 0) {
+        wholes[1] = tiles - tiles % sms;
+      }
+      for (const long long whole : wholes) {
+        if (whole < 0) continue;
+        const long long split_tiles = tiles - whole;
+        const size_t ready_bytes = static_cast<size_t>(CeilDiv(split_tiles * 4, 256) * 256);
+        const size_t need = static_cast<size_t>(splits - 1) * split_tiles * (128 * mi) * 128 * sizeof(float) + ready_bytes;
+        if (splits > 1 && need > available) continue;
+        const double cost = static_cast<double>(CeilDiv(whole, sms)) * wave_cost(1) +
+                            static_cast<double>(CeilDiv(split_tiles * splits, sms)) * wave_cost(splits);
+        if (best_cost < 0 || cost < best_cost * 0.98) {
+          best_cost = cost;
+          best.mi = mi;
+          best.splits = splits;
+          best.whole_tiles = static_cast<int>(whole);
+          best.ready_bytes = splits > 1 ? ready_bytes : 0;
+        }
       }
     }
   }
@@ -153,11 +173,12 @@ Plan MakePlan(const GemmAmaxProblem& p, int sms, const LaunchOptions& opt, size_
 
 size_t WorkspaceBytes(const GemmAmaxProblem& p) {
   // Mirrored by primitive.py (_cuda_workspace_bytes); a smaller workspace only narrows the plans.
+  // Partial slots for every tile (few tiles), or kSplitMaxElems elements (a tail split: the last
+  // wave's tiles only).
   const long long elems = CeilDiv(p.m, 256) * 256 * CeilDiv(p.n, 128) * 128 * p.batch;
-  if (elems > kSplitMaxElems) return 0;
   const long long slots = elems <= kSplitMaxElems / 4 ? kMaxSplits - 1 : 1;
   const long long counters = CeilDiv(CeilDiv(p.m, 128) * CeilDiv(p.n, 128) * p.batch * 4, 256) * 256;
-  return static_cast<size_t>(counters + slots * elems * 4);
+  return static_cast<size_t>(counters + std::min(slots * elems, kSplitMaxElems) * 4);
 }
 
 cudaError_t LaunchWithOptions(const GemmAmaxProblem& p, const GemmAmaxBuffers& buf, void* workspace,
@@ -210,7 +231,9 @@ cudaError_t LaunchWithOptions(const GemmAmaxProblem& p, const GemmAmaxBuffers& b
   k.tiles_per_batch = k.tiles_m * k.tiles_n;
   k.tiles_total = k.tiles_per_batch * k.l;
   k.splits = plan.splits;
-  k.units_total = k.tiles_total * plan.splits;
+  k.whole_tiles = plan.whole_tiles;
+  k.split_tiles = k.tiles_total - plan.whole_tiles;
+  k.units_total = k.whole_tiles + k.split_tiles * plan.splits;
   k.tile_ready = plan.splits > 1 ? static_cast<unsigned int*>(workspace) : nullptr;
   k.partials = plan.splits > 1 ? reinterpret_cast<float*>(static_cast<uint8_t*>(workspace) + plan.ready_bytes) : nullptr;
   ctx.grid = std::min(k.units_total, sms / kCluster) * kCluster;
@@ -219,7 +242,7 @@ cudaError_t LaunchWithOptions(const GemmAmaxProblem& p, const GemmAmaxBuffers& b
   ctx.stream = stream;
 
   const int n_amax = opt.skip_amax ? 0 : k.l;
-  const int n_ready = plan.splits > 1 ? k.tiles_total : 0;
+  const int n_ready = plan.splits > 1 ? k.split_tiles : 0;
   if (n_amax + n_ready > 0) {
     const int blocks = static_cast<int>(std::min<long long>(CeilDiv(n_amax + n_ready, 256), 1024));
     ResetKernel<<<blocks, 256, 0, stream>>>(buf.amax, n_amax, k.tile_ready, n_ready);

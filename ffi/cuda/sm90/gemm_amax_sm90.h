@@ -19,13 +19,14 @@ const char* Unsupported(const GemmAmaxProblem& p);
 cudaError_t Prepare();
 bool Prepared();
 
-// Split-K (problems with few output tiles) keeps fp32 partial tiles and per-tile counters in a
-// device workspace that the caller provides (the JAX lowering: an extra output of the custom call,
-// so that XLA owns it, CUDA graphs included). WorkspaceBytes is the size to offer for `p`: 0 for
-// problems with many tiles, at most 16 MB + counters. Launch picks only plans that fit the workspace given
-// (none or a smaller one just rules split-K out). 16-byte aligned; contents irrelevant.
+// Split-K (problems with few output tiles, or a last wave with few tiles) keeps fp32 partial
+// tiles and per-tile counters in a device workspace that the caller provides (the JAX lowering: an
+// extra output of the custom call, so that XLA owns it, CUDA graphs included). WorkspaceBytes is
+// the size to offer for `p`: 16 MB + counters at most. Launch picks only plans that fit the
+// workspace given (none or a smaller one just rules split-K out). 16-byte aligned; contents
+// irrelevant.
 constexpr int kMaxSplits = 4;
-constexpr long long kSplitMaxElems = 1ll << 22;  // fp32 elements of C padded to 256x128 tiles
+constexpr long long kSplitMaxElems = 1ll << 22;  // fp32 elements of partial tiles, at most
 size_t WorkspaceBytes(const GemmAmaxProblem& p);
 
 // Enqueues the whole operation on `stream` (amax reset included). No host sync, no allocation,
@@ -38,6 +39,7 @@ struct LaunchOptions {
   bool skip_amax = false;  // leave amax untouched (measures the reduction's cost)
   int force_tile_m = 0;    // 0: heuristic; 128 or 256 forces the CTA tile height
   int force_splits = 0;    // 0: heuristic; >= 1 forces the split-K factor (capped at the K slabs)
+  int force_whole_tiles = -1;  // with force_splits > 1: this many tiles run unsplit first (< tiles)
   int experiment_flags = 0;  // internal timing experiments (see sm90_kernel.cuh kFlag*); results are wrong
   unsigned long long* trace = nullptr;  // device counters, used by -DJGA_SM90_TRACE builds only
 };

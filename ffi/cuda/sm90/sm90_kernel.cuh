@@ -87,14 +87,18 @@ struct KParams {
   unsigned long long* trace;  // JGA_SM90_TRACE builds only: kTraceSlots cycle counters
   int tiles_m, tiles_n;
   int tiles_per_batch, tiles_total;
-  // Split-K (small tile counts): every tile's K slabs are cut into `splits` contiguous ranges, one
-  // work unit each. Splits 0..S-2 store their fp32 accumulators to `partials` and count themselves
-  // in `tile_ready` (zeroed before the launch); split S-1, the reducer, waits for that count, adds
-  // the partials and runs the epilogue. splits == 1: no workspace.
+  // Split-K: the first `whole_tiles` tiles are one work unit each; the K slabs of each of the
+  // other `split_tiles` tiles are cut into `splits` contiguous ranges, one work unit each (few tiles
+  // in all: whole_tiles = 0; a last wave of few tiles: the whole waves first, then the last one's
+  // tiles split, so that they fill the GPU). Splits 0..S-2 store their fp32 accumulators to
+  // `partials` and count themselves in `tile_ready` (zeroed before the launch); split S-1, the
+  // reducer, waits for that count, adds the partials and runs the epilogue. splits == 1: no
+  // workspace.
   int splits;
-  int units_total;     // tiles_total * splits
-  unsigned int* tile_ready;
-  float* partials;     // [(splits - 1) * tiles_total][kBM * kBN] in the consumers' fragment order
+  int whole_tiles, split_tiles;
+  int units_total;     // whole_tiles + split_tiles * splits
+  unsigned int* tile_ready;  // [split_tiles]
+  float* partials;     // [(splits - 1) * split_tiles][kBM * kBN] in the consumers' fragment order
 };
 
 // Warpgroups of a CTA: the producer, kConverterWGs B converters, two consumers. Tile height 128
@@ -433,11 +437,12 @@ __device__ __forceinline__ uint32_t SfInBlock(int row, int g4) {
 struct TileCoord {
   int l, mt, nt;
 };
-// Work unit u: split u / tiles_total of tile u % tiles_total. Every reducer (split S-1) has a larger
-// index than the units it waits for, and each CTA runs its units in increasing order, so the
-// lowest unfinished unit never waits: no deadlock, however the units land on the CTAs.
+// Work unit u < whole_tiles: tile u, all of K. Then v = u - whole_tiles: split v / split_tiles of
+// tile whole_tiles + v % split_tiles. Every reducer (split S-1) has a larger index than the units
+// it waits for, and each CTA runs its units in increasing order, so the lowest unfinished unit never
+// waits: no deadlock, however the units land on the CTAs.
 struct WorkUnit {
-  int tile, split, slab_lo, slab_hi;
+  int tile, split, splits, slab_lo, slab_hi;  // splits: 1 for a whole tile
 };
 // Kernels without split-K (kSplitK false; the host launches them when splits == 1) decode a unit as
 // the whole tile, at compile time: their loops stay exactly the pre-split-K code (a runtime slab
@@ -446,15 +451,18 @@ struct WorkUnit {
 template <bool kSplitK>
 __device__ __forceinline__ WorkUnit DecodeUnit(const KParams& p, int u) {
   WorkUnit w;
-  if constexpr (!kSplitK) {
+  if (!kSplitK || u < p.whole_tiles) {  // folded at compile time without split-K
     w.tile = u;
     w.split = 0;
+    w.splits = 1;
     w.slab_lo = 0;
     w.slab_hi = p.num_kslabs;
     return w;
   }
-  w.split = u / p.tiles_total;
-  w.tile = u - w.split * p.tiles_total;
+  const int v = u - p.whole_tiles;
+  w.split = v / p.split_tiles;
+  w.tile = p.whole_tiles + (v - w.split * p.split_tiles);
+  w.splits = p.splits;
   w.slab_lo = static_cast<int>(static_cast<long long>(w.split) * p.num_kslabs / p.splits);
   w.slab_hi = static_cast<int>(static_cast<long long>(w.split + 1) * p.num_kslabs / p.splits);
   return w;
@@ -555,7 +563,8 @@ __device__ __forceinline__ void FlushAmax(float m, float* amax, int l) {
 // release; the reducer acquires the count and adds the partials in slot order (deterministic).
 template <int MI>
 __device__ __forceinline__ float4* PartialSlot(const KParams& p, int slot, int tile, int ctid) {
-  return reinterpret_cast<float4*>(p.partials + (static_cast<size_t>(slot) * p.tiles_total + tile) * (MI * 128 * kBN)) + ctid;
+  const size_t index = static_cast<size_t>(slot) * p.split_tiles + (tile - p.whole_tiles);
+  return reinterpret_cast<float4*>(p.partials + index * (MI * 128 * kBN)) + ctid;
 }
 template <int MI>
 __device__ __forceinline__ void StorePartial(const float (&acc)[MI][64], const KParams& p, const WorkUnit& w, int ctid) {
@@ -573,20 +582,21 @@ __device__ __forceinline__ void StorePartial(const float (&acc)[MI][64], const K
       ".reg .pred p;\n"
       "setp.eq.u32 p, %1, 0;\n"
       "@p red.release.gpu.global.add.u32 [%0], 1;\n"
-      "}\n" ::"l"(p.tile_ready + w.tile),
+      "}\n" ::"l"(p.tile_ready + (w.tile - p.whole_tiles)),
       "r"(static_cast<uint32_t>(ctid))
       : "memory");
 }
 template <int MI>
 __device__ __forceinline__ void AddPartials(float (&acc)[MI][64], const KParams& p, const WorkUnit& w, int ctid) {
   WaitForResetKernel();
-  const uint32_t need = static_cast<uint32_t>(p.splits - 1);
+  const uint32_t need = static_cast<uint32_t>(w.splits - 1);
+  const unsigned int* ready = p.tile_ready + (w.tile - p.whole_tiles);
   uint32_t seen;
   do {  // the whole warp polls, so that the loop stays warp-uniform (see FlushAmax)
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(p.tile_ready + w.tile) : "memory");
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(ready) : "memory");
   } while (!__all_sync(0xFFFFFFFFu, seen >= need));
 #pragma unroll 1
-  for (int slot = 0; slot < p.splits - 1; ++slot) {
+  for (int slot = 0; slot < w.splits - 1; ++slot) {
     const float4* src = PartialSlot<MI>(p, slot, w.tile, ctid);
 #pragma unroll
     for (int mi = 0; mi < MI; ++mi)
@@ -964,7 +974,7 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
 #endif
     tr.Flush(p.trace, threadIdx.x == 128);
   } else {
-    // ======================= WG2, WG3: consumers =======================
+    // ======================= the last two warpgroups: consumers =======================
     SetMaxNReg<R::kConsumerRegs>();
     const int wg = (warp_idx - R::kFirstConsumerWarp) / 4;
     const int warp = warp_idx & 3;
@@ -1200,11 +1210,11 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
 
       if constexpr (kSplitK) {
         const int ctid = threadIdx.x - 32 * R::kFirstConsumerWarp;
-        if (wu.split < p.splits - 1) {
+        if (wu.split < wu.splits - 1) {
           StorePartial<MI>(acc, p, wu, ctid);
           continue;  // the reducer stores this tile and takes its amax
         }
-        AddPartials<MI>(acc, p, wu, ctid);
+        if (wu.splits > 1) AddPartials<MI>(acc, p, wu, ctid);
       }
 
       // ---- epilogue: one straight-line path per output dtype (switch once per tile) ----

@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -325,7 +326,7 @@ static int g_fail = 0, g_pass = 0;
 
 // Runs the kernel on hp (with c_type set) and compares against ref.
 static bool RunAndCheck(HostProblem& hp, const Ref& ref, OutputType ct, int force_tile, const char* tag,
-                        int force_splits = 0) {
+                        int force_splits = 0, int force_whole_tiles = -1) {
   hp.p.c_type = ct;
   GemmAmaxProblem& p = hp.p;
   if (const char* why = sm90::Unsupported(p)) {
@@ -338,6 +339,7 @@ static bool RunAndCheck(HostProblem& hp, const Ref& ref, OutputType ct, int forc
   sm90::LaunchOptions opt;
   opt.force_tile_m = force_tile;
   opt.force_splits = force_splits;
+  opt.force_whole_tiles = force_whole_tiles;
   // Poisoned workspace: split-K counters that were not reset would read as "all partials ready".
   if (g_ws != nullptr) CK(cudaMemset(g_ws, 0xFF, g_ws_bytes));
   CK(LaunchH(p, Bufs(d), opt));
@@ -372,8 +374,9 @@ static bool RunAndCheck(HostProblem& hp, const Ref& ref, OutputType ct, int forc
   } else {
     ++g_fail;
   }
-  printf("  [%s] %-40s C=%-4s tile=%d splits=%d  bad=%lld/%lld worst=%.3g amax[0]=%.8g ref=%.8g\n", ok ? "PASS" : "FAIL", tag,
-         CName(ct), force_tile, force_splits, static_cast<long long>(bad), static_cast<long long>(total), worst, amax[0], ref.amax[0]);
+  printf("  [%s] %-40s C=%-4s tile=%d splits=%d whole=%d  bad=%lld/%lld worst=%.3g amax[0]=%.8g ref=%.8g\n",
+         ok ? "PASS" : "FAIL", tag, CName(ct), force_tile, force_splits, force_whole_tiles, static_cast<long long>(bad),
+         static_cast<long long>(total), worst, amax[0], ref.amax[0]);
   if (first_bad >= 0) {
     const int64_t i = first_bad;
     printf("         first bad idx=%lld (l=%lld m=%lld n=%lld) ref=%.8g\n", static_cast<long long>(i),
@@ -440,6 +443,11 @@ static void TestAll() {
       for (int splits = 1; splits <= 4; ++splits) {
         RunAndCheck(hp, ref, OutputType::kBF16, 256, "split-K L=2 M=300 N=264 K=1056", splits);
         RunAndCheck(hp, ref, OutputType::kF32, 128, "split-K L=2 M=300 N=264 K=1056", splits);
+      }
+      // Tail split: the first tiles whole, the rest split (12 tiles at 256, 18 at 128).
+      for (int splits = 2; splits <= 4; ++splits) {
+        RunAndCheck(hp, ref, OutputType::kBF16, 256, "tail split L=2 M=300 N=264 K=1056", splits, 5);
+        RunAndCheck(hp, ref, OutputType::kF32, 128, "tail split L=2 M=300 N=264 K=1056", splits, 11);
       }
     }
     // NaN scale: one scale of batch 0 is NaN -> amax[0] NaN, the other batch finite.
@@ -713,8 +721,15 @@ static void OneConfig(int64_t M, int64_t N, int64_t K, int tile, int flags, int 
              h[9] / slabs / sms, h[7] / slabs / sms, h[4] / slabs / sms, h[5] / slabs / sms, h[6] / slabs / sms);
     }
   }
-  printf("one %lldx%lldx%lld tile=%d flags=%d %8.3f ms %8.1f TF/s\n", (long long)M, (long long)N, (long long)K, tile, flags,
-         med, 2.0 * M * N * K / (med * 1e-3) / 1e12);
+  // Host time of one launch (plan, two tensor maps, the reset kernel and the GEMM), queued back to back.
+  CK(cudaDeviceSynchronize());
+  constexpr int kHostLaunches = 200;
+  const auto h0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < kHostLaunches; ++i) CK(LaunchH(p, Bufs(d), o));
+  const double host_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - h0).count() / kHostLaunches;
+  CK(cudaDeviceSynchronize());
+  printf("one %lldx%lldx%lld tile=%d flags=%d %8.3f ms %8.1f TF/s  host %.1f us per launch\n", (long long)M, (long long)N,
+         (long long)K, tile, flags, med, 2.0 * M * N * K / (med * 1e-3) / 1e12, host_us);
   d.Free();
 }
 

@@ -284,6 +284,17 @@ bool Prepared() {
   return cudaGetDevice(&dev) == cudaSuccess && dev < kMaxDevices && g_prepared[dev].load(std::memory_order_acquire);
 }
 
+cudaError_t PlanFor(const GemmAmaxProblem& p, size_t workspace_bytes, const LaunchOptions& opt, PlanInfo* info) {
+  int dev = 0;
+  const cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  const Plan plan = MakePlan(p, SmCount(dev), opt, workspace_bytes);
+  info->tile_m = 128 * plan.mi;
+  info->splits = plan.splits;
+  info->whole_tiles = plan.whole_tiles;
+  return cudaSuccess;
+}
+
 cudaError_t Launch(const GemmAmaxProblem& p, const GemmAmaxBuffers& buf, void* workspace, size_t workspace_bytes,
                    cudaStream_t stream) {
   return LaunchWithOptions(p, buf, workspace, workspace_bytes, stream, LaunchOptions{});

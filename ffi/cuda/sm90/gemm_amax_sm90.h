@@ -45,6 +45,11 @@ struct LaunchOptions {
 };
 cudaError_t LaunchWithOptions(const GemmAmaxProblem& p, const GemmAmaxBuffers& buf, void* workspace,
                               size_t workspace_bytes, cudaStream_t stream, const LaunchOptions& opt);
+// The plan a launch with `workspace_bytes` of workspace picks on the current device (for reports).
+struct PlanInfo {
+  int tile_m = 0, splits = 0, whole_tiles = 0;  // whole_tiles: tiles run unsplit before the split ones
+};
+cudaError_t PlanFor(const GemmAmaxProblem& p, size_t workspace_bytes, const LaunchOptions& opt, PlanInfo* info);
 
 }  // namespace sm90
 }  // namespace jga

@@ -585,7 +585,7 @@ static std::vector<Shape> ParseShapes(const char* list) {
 }
 
 static void Bench(int iters, const std::vector<Shape>& shapes) {
-  printf("%-20s %6s %12s %12s %12s %12s %12s %10s %s\n", "MxNxK", "tile", "TF/s", "TF/s noamax", "TF/s t128", "TF/s t256",
+  printf("%-20s %12s %12s %12s %12s %12s %12s %10s %s\n", "MxNxK", "plan t/s/w", "TF/s", "TF/s noamax", "TF/s t128", "TF/s t256",
          "TF/s nosplit",
          "cuBLASbf16", "check");
   for (const Shape& s : shapes) {
@@ -598,6 +598,10 @@ static void Bench(int iters, const std::vector<Shape>& shapes) {
     };
     sm90::LaunchOptions o;
     const double tf = time_it(o);
+    sm90::PlanInfo plan;
+    CK(sm90::PlanFor(p, sm90::WorkspaceBytes(p), o, &plan));
+    char plan_name[32];  // tile height / splits / tiles run whole first
+    snprintf(plan_name, sizeof plan_name, "%d/%d/%d", plan.tile_m, plan.splits, plan.whole_tiles);
     // correctness spot-check of the measured output
     std::vector<uint8_t> ha(abytes), hb(bbytes), hsa(sfab), hsb(sfbb);
     std::vector<uint16_t> hc(s.m * s.n);
@@ -661,7 +665,7 @@ static void Bench(int iters, const std::vector<Shape>& shapes) {
     char name[64];
     snprintf(name, sizeof name, "%lldx%lldx%lld", static_cast<long long>(s.m), static_cast<long long>(s.n),
              static_cast<long long>(s.k));
-    printf("%-20s %6s %12.1f %12.1f %12.1f %12.1f %12.1f %10.1f %s (bad %d/256, amax %g)\n", name, "auto", tf, tf_noamax,
+    printf("%-20s %12s %12.1f %12.1f %12.1f %12.1f %12.1f %10.1f %s (bad %d/256, amax %g)\n", name, plan_name, tf, tf_noamax,
            tf128, tf256, tf_nosplit, cublas_tf, (bad == 0 && amax_ok) ? "ok" : "WRONG", bad, amax);
     d.Free();
   }

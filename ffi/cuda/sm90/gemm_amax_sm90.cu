@@ -107,8 +107,9 @@ __global__ void ResetKernel(float* amax, int n_amax, unsigned int* ready, int n_
 
 // Tile height (MI) and split-K factor, from a cost model in units of one 64-K MMA unit of a
 // 256-row tile, by waves of work units over the SMs: tile 128 runs at ~0.72x the rate of tile 256
-// (measured, NOTES 2c); each unit costs a pipeline fill plus its epilogue; a split tile costs the
-// partial tiles' store, the reducer's wait and its read (128 KB per split at tile 256). The split
+// (measured in session 5, NOTES 2c; ~0.84x since it has two B converters, not refit yet: NOTES
+// 7); each unit costs a pipeline fill plus its epilogue; a split tile costs the partial tiles'
+// store, the reducer's wait and its read (128 KB per split at tile 256). The split
 // cost is fitted to H200 harness timings (session 6): 256x8192x8192 tile 256 / 2 splits 503 TF/s
 // vs tile 128 unsplit 433; 1024^3 tile 128 / 2 splits 148 vs unsplit 140 vs tile 256 / 4 splits
 // 116. Candidates: every tile split S ways (S = 1: no split-K), or, when the last wave of tiles is

@@ -106,16 +106,19 @@ __global__ void ResetKernel(float* amax, int n_amax, unsigned int* ready, int n_
 }
 
 // Tile height (MI) and split-K factor, from a cost model in units of one 64-K MMA unit of a
-// 256-row tile, by waves of work units over the SMs: tile 128 runs at ~0.72x the rate of tile 256
-// (measured in session 5, NOTES 2c; ~0.84x since it has two B converters, not refit yet: NOTES
-// 7); each unit costs a pipeline fill plus its epilogue; a split tile costs the partial tiles'
-// store, the reducer's wait and its read (128 KB per split at tile 256). The split
-// cost is fitted to H200 harness timings (session 6): 256x8192x8192 tile 256 / 2 splits 503 TF/s
-// vs tile 128 unsplit 433; 1024^3 tile 128 / 2 splits 148 vs unsplit 140 vs tile 256 / 4 splits
-// 116. Candidates: every tile split S ways (S = 1: no split-K), or, when the last wave of tiles is
-// partial, the whole waves unsplit and only the last wave's tiles split (session 7, harness:
-// 2560x1792x4096 327 -> 396 TF/s, 4096x2304x4096 443 -> 493). Only plans whose workspace fits in
-// `available` bytes are considered.
+// 256-row tile, by waves of work units over the SMs: a unit of tile 128 costs 0.60 (it runs at
+// ~0.83x the rate of tile 256 since it has two B converters; 0.69 before, session 5); each unit
+// costs a pipeline fill plus its epilogue; a split tile costs the partial tiles' store, the
+// reducer's wait and its read (128 KB per split at tile 256). Fitted to H200 harness timings:
+// session 6, 256x8192x8192 tile 256 / 2 splits 503 TF/s vs tile 128 unsplit 433; session 8, the
+// plans the refit picks against the old ones (RESULTS.md): 512x4096x4096 tile 128 unsplit 440
+// vs tile 256 / 2 splits 424, 640x8192x2048 tile 128 with a 2-way tail split 397 vs 364,
+// 2560x1792x4096 tile 128 with a 3-way tail split 426 vs 399; the split cost (3.8 x MI units per
+// extra split) keeps two plans the measurements favour: 1024^3 tile 128 / 2 splits (156 vs
+// unsplit 150) and 768x4096x4096 tile 256 unsplit (429-444 vs 424 with a tail split).
+// Candidates: every tile split S ways (S = 1: no split-K), or, when the last wave of tiles is
+// partial, the whole waves unsplit and only the last wave's tiles split (session 7). Only plans
+// whose workspace fits in `available` bytes are considered.
 struct Plan {
   int mi = 2;
   int splits = 1;
@@ -132,10 +135,10 @@ Plan MakePlan(const GemmAmaxProblem& p, int sms, const LaunchOptions& opt, size_
   for (int mi = 2; mi >= 1; --mi) {
     if ((opt.force_tile_m == 128 && mi != 1) || (opt.force_tile_m == 256 && mi != 2)) continue;
     const long long tiles = CeilDiv(p.m, 128 * mi) * tn * p.batch;
-    const double rate = mi == 2 ? 1.0 : 0.69, epilogue = mi == 2 ? 2.4 : 1.6;
+    const double rate = mi == 2 ? 1.0 : 0.60, epilogue = mi == 2 ? 2.4 : 1.6;
     auto wave_cost = [&](int splits) {
       const double kunits = static_cast<double>(CeilDiv(nslabs, splits) * units_per_slab);
-      return kunits * rate + epilogue + (splits > 1 ? 4.0 * mi * (splits - 1) + 0.6 : 0.0);
+      return kunits * rate + epilogue + (splits > 1 ? 3.8 * mi * (splits - 1) + 0.6 : 0.0);
     };
     // Split-K partial slots are per cluster tile: with 2-CTA clusters (an experiment) they would clash.
     const long long max_splits = kCluster == 1 ? std::min<long long>(kMaxSplits, nslabs) : 1;

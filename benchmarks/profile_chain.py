@@ -1,0 +1,103 @@
+"""Where a jitted call's time goes: N gemm_amax calls (or N cuBLAS bf16 dots) in one jitted
+function, timed, then traced with jax.profiler and summarized per profiler line (host threads, GPU
+streams): the events with the largest total time. Answers "is it the kernel, our handler or XLA"
+for small shapes, where the kernel is a fraction of the call.
+
+    python benchmarks/profile_chain.py                       # gemm_amax, 20 calls of 1024^3
+    python benchmarks/profile_chain.py --peer cublas         # the same chain of cuBLAS bf16 dots
+    python benchmarks/profile_chain.py --shape 256x8192x8192 --calls 40 --timeline
+
+XLA flags apply as usual, e.g. XLA_FLAGS=--xla_gpu_enable_command_buffer= (no CUDA graphs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import os
+import statistics
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+from jax.profiler import ProfileData
+
+import jax_gemm_amax as jga
+
+
+def build(peer, m, n, k, calls):
+    """The jitted chain and its arguments: call i runs on copy i of the operands (identical calls
+    on the same operands would be merged by XLA)."""
+    x = jax.random.normal(jax.random.key(1), (m, k))
+    w = jax.random.normal(jax.random.key(2), (n, k))
+    if peer == "gemm_amax":
+        qa, sfa = jga.quantize(x, "mxfp8_e4m3")
+        qb, sfb = jga.quantize(w, "mxfp8_e4m3")
+        first = (qa, qb, sfa, sfb)
+        fn = jax.jit(lambda ops: [jga.gemm_amax(*o, c_dtype=jnp.bfloat16) for o in ops])
+    else:
+        first = (x.astype(jnp.bfloat16), w.astype(jnp.bfloat16))
+        fn = jax.jit(lambda ops: [jnp.dot(a, b.T) for a, b in ops])
+    ops = [first] + [tuple(jnp.copy(t) for t in first) for _ in range(calls - 1)]
+    return fn, ops
+
+
+def per_call_seconds(fn, ops, repeats=7, batch=5):
+    jax.block_until_ready(fn(ops))
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(batch):
+            out = fn(ops)
+        jax.block_until_ready(out)
+        samples.append((time.perf_counter() - start) / batch)
+    return statistics.median(samples)
+
+
+def summarize(xplane_path, top, timeline):
+    for plane in ProfileData.from_file(xplane_path).planes:
+        for line in plane.lines:
+            events = list(line.events)
+            if not events:
+                continue
+            totals = collections.defaultdict(lambda: [0, 0.0])
+            for e in events:
+                totals[e.name][0] += 1
+                totals[e.name][1] += e.duration_ns / 1e3
+            span = (max(e.start_ns + e.duration_ns for e in events) - min(e.start_ns for e in events)) / 1e3
+            print(f"## {plane.name} | {line.name}: {len(events)} events over {span:.0f} us")
+            for name, (count, total) in sorted(totals.items(), key=lambda kv: -kv[1][1])[:top]:
+                print(f"   {count:5d} x {total / count:9.2f} us = {total:9.1f} us  {name[:110]}")
+            if timeline and plane.name.startswith("/device"):
+                events.sort(key=lambda e: e.start_ns)
+                print("   first events (start us, duration us, name):")
+                for e in events[:24]:
+                    print(f"     {(e.start_ns - events[0].start_ns) / 1e3:8.1f} {e.duration_ns / 1e3:7.1f} {e.name[:80]}")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--peer", choices=["gemm_amax", "cublas"], default="gemm_amax")
+    parser.add_argument("--shape", default="1024x1024x1024", help="MxNxK")
+    parser.add_argument("--calls", type=int, default=20, help="calls per jitted function")
+    parser.add_argument("--traced", type=int, default=4, help="jitted calls inside the trace")
+    parser.add_argument("--top", type=int, default=30, help="events listed per profiler line")
+    parser.add_argument("--timeline", action="store_true", help="also list the first GPU events in order")
+    args = parser.parse_args()
+    m, n, k = (int(v) for v in args.shape.split("x"))
+    fn, ops = build(args.peer, m, n, k, args.calls)
+    t = per_call_seconds(fn, ops)
+    print(f"{args.peer} {args.shape}, {args.calls} per jitted call: {t * 1e6:.0f} us per jitted call, "
+          f"{t / args.calls * 1e6:.1f} us per operation ({jax.devices()[0].device_kind})")
+    trace_dir = tempfile.mkdtemp(prefix="jga-profile-")
+    with jax.profiler.trace(trace_dir):
+        for _ in range(args.traced):
+            out = fn(ops)
+        jax.block_until_ready(out)
+    summarize(glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)[0], args.top, args.timeline)
+
+
+if __name__ == "__main__":
+    main()

@@ -512,18 +512,19 @@ static double Median(std::vector<float> v) {
   return v[v.size() / 2];
 }
 
-// A random e4m3 / e8m0 (sfv 32) problem with bf16 C, generated on the device into `d`.
-static GemmAmaxProblem RandomE4M3Problem(int64_t M, int64_t N, int64_t K, DevBufs& d) {
+// A random e4m3 / e8m0 (sfv 32) problem with bf16 C and L batch items, generated on the device
+// into `d` (batch item 0 first in every buffer).
+static GemmAmaxProblem RandomE4M3Problem(int64_t M, int64_t N, int64_t K, DevBufs& d, int64_t L = 1) {
   GemmAmaxProblem p;
-  p.batch = 1; p.m = M; p.n = N; p.k = K;
+  p.batch = L; p.m = M; p.n = N; p.k = K;
   p.ab_type = OperandType::kE4M3; p.sf_type = ScaleType::kE8M0; p.sf_vec_size = 32; p.c_type = OutputType::kBF16;
-  const size_t sfab = p.scale_batch_stride(M), sfbb = p.scale_batch_stride(N);
-  d.c_bytes = M * N * 2;
-  CK(cudaMalloc(&d.a, M * K)); CK(cudaMalloc(&d.b, N * K));
+  const size_t sfab = p.scale_batch_stride(M) * L, sfbb = p.scale_batch_stride(N) * L;
+  d.c_bytes = L * M * N * 2;
+  CK(cudaMalloc(&d.a, L * M * K)); CK(cudaMalloc(&d.b, L * N * K));
   CK(cudaMalloc(&d.sfa, sfab)); CK(cudaMalloc(&d.sfb, sfbb));
-  CK(cudaMalloc(&d.c, d.c_bytes)); CK(cudaMalloc(&d.amax, 4));
-  FillRandomE4M3<<<1024, 256>>>(d.a, M * K, 1);
-  FillRandomE4M3<<<1024, 256>>>(d.b, N * K, 2);
+  CK(cudaMalloc(&d.c, d.c_bytes)); CK(cudaMalloc(&d.amax, 4 * L));
+  FillRandomE4M3<<<1024, 256>>>(d.a, L * M * K, 1);
+  FillRandomE4M3<<<1024, 256>>>(d.b, L * N * K, 2);
   FillScalesDev<<<256, 256>>>(d.sfa, sfab, 3);
   FillScalesDev<<<256, 256>>>(d.sfb, sfbb, 4);
   CK(cudaDeviceSynchronize());
@@ -562,18 +563,19 @@ static double MedianLaunchMs(const GemmAmaxProblem& p, const DevBufs& d, const s
 }
 
 struct Shape {
-  int64_t m, n, k;
+  int64_t m, n, k, l = 1;
 };
-// "MxNxK,MxNxK,..." (an empty list: the issue's six shapes).
+// "MxNxK,MxNxKxL,..." (L: batch items, default 1; an empty list: the issue's six shapes).
 static std::vector<Shape> ParseShapes(const char* list) {
   std::vector<Shape> shapes;
   for (const char* q = list; q != nullptr && *q != '\0';) {
-    long long m, n, k;
-    if (sscanf(q, "%lldx%lldx%lld", &m, &n, &k) != 3 || m <= 0 || n <= 0 || k <= 0 || k % 128 != 0) {
-      fprintf(stderr, "bad shape list at '%s' (want MxNxK,..., K a multiple of 128)\n", q);
+    long long m, n, k, l = 1;
+    const int got = sscanf(q, "%lldx%lldx%lldx%lld", &m, &n, &k, &l);
+    if (got < 3 || m <= 0 || n <= 0 || k <= 0 || k % 128 != 0 || l <= 0) {
+      fprintf(stderr, "bad shape list at '%s' (want MxNxK[xL],..., K a multiple of 128)\n", q);
       exit(2);
     }
-    shapes.push_back({m, n, k});
+    shapes.push_back({m, n, k, got == 4 ? l : 1});
     q = strchr(q, ',');
     if (q != nullptr) ++q;
   }
@@ -590,11 +592,12 @@ static void Bench(int iters, const std::vector<Shape>& shapes) {
          "cuBLASbf16", "check");
   for (const Shape& s : shapes) {
     DevBufs d;
-    const GemmAmaxProblem p = RandomE4M3Problem(s.m, s.n, s.k, d);
-    const size_t abytes = s.m * s.k, bbytes = s.n * s.k;
+    const GemmAmaxProblem p = RandomE4M3Problem(s.m, s.n, s.k, d, s.l);
+    const double flop = 2.0 * s.l * s.m * s.n * s.k;
+    const size_t abytes = s.m * s.k, bbytes = s.n * s.k;  // batch item 0 (checked below)
     const size_t sfab = p.scale_batch_stride(s.m), sfbb = p.scale_batch_stride(s.n);
     auto time_it = [&](const sm90::LaunchOptions& opt) {
-      return 2.0 * s.m * s.n * s.k / (MedianLaunchMs(p, d, opt, iters) * 1e-3) / 1e12;
+      return flop / (MedianLaunchMs(p, d, opt, iters) * 1e-3) / 1e12;
     };
     sm90::LaunchOptions o;
     const double tf = time_it(o);
@@ -610,7 +613,7 @@ static void Bench(int iters, const std::vector<Shape>& shapes) {
     CK(cudaMemcpy(hb.data(), d.b, bbytes, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(hsa.data(), d.sfa, sfab, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(hsb.data(), d.sfb, sfbb, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(hc.data(), d.c, d.c_bytes, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hc.data(), d.c, hc.size() * sizeof(uint16_t), cudaMemcpyDeviceToHost));  // batch item 0
     CK(cudaMemcpy(&amax, d.amax, 4, cudaMemcpyDeviceToHost));
     std::mt19937 rng(7);
     int bad = 0;
@@ -645,26 +648,27 @@ static void Bench(int iters, const std::vector<Shape>& shapes) {
       cublasHandle_t h;
       cublasCreate(&h);
       uint16_t *ba, *bb, *bc;
-      CK(cudaMalloc(&ba, abytes * 2)); CK(cudaMalloc(&bb, bbytes * 2)); CK(cudaMalloc(&bc, s.m * s.n * 2));
-      FillBF16<<<1024, 256>>>(ba, abytes, 5);
-      FillBF16<<<1024, 256>>>(bb, bbytes, 6);
+      CK(cudaMalloc(&ba, s.l * abytes * 2)); CK(cudaMalloc(&bb, s.l * bbytes * 2)); CK(cudaMalloc(&bc, s.l * s.m * s.n * 2));
+      FillBF16<<<1024, 256>>>(ba, s.l * abytes, 5);
+      FillBF16<<<1024, 256>>>(bb, s.l * bbytes, 6);
       const float alpha = 1, beta = 0;
       auto run = [&] {
-        // C^T (N x M, col-major) = B (N x K row-major viewed col-major K x N)^T * A^T
-        return cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, s.n, s.m, s.k, &alpha, bb, CUDA_R_16BF, s.k, ba, CUDA_R_16BF, s.k,
-                            &beta, bc, CUDA_R_16BF, s.n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        // C^T (N x M, col-major) = B (N x K row-major viewed col-major K x N)^T * A^T, per batch item
+        return cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, s.n, s.m, s.k, &alpha, bb, CUDA_R_16BF, s.k,
+                                          s.n * s.k, ba, CUDA_R_16BF, s.k, s.m * s.k, &beta, bc, CUDA_R_16BF, s.n,
+                                          s.m * s.n, s.l, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
       };
       const double cublas_ms = MedianMs([&] {
-        if (run() != CUBLAS_STATUS_SUCCESS) { fprintf(stderr, "cublasGemmEx failed\n"); exit(2); }
+        if (run() != CUBLAS_STATUS_SUCCESS) { fprintf(stderr, "cublasGemmStridedBatchedEx failed\n"); exit(2); }
       }, iters);
-      cublas_tf = 2.0 * s.m * s.n * s.k / (cublas_ms * 1e-3) / 1e12;
+      cublas_tf = flop / (cublas_ms * 1e-3) / 1e12;
       cudaFree(ba); cudaFree(bb); cudaFree(bc);
       cublasDestroy(h);
     }
 #endif
     char name[64];
-    snprintf(name, sizeof name, "%lldx%lldx%lld", static_cast<long long>(s.m), static_cast<long long>(s.n),
-             static_cast<long long>(s.k));
+    snprintf(name, sizeof name, s.l > 1 ? "%lldx%lldx%lldx%lld" : "%lldx%lldx%lld", static_cast<long long>(s.m),
+             static_cast<long long>(s.n), static_cast<long long>(s.k), static_cast<long long>(s.l));
     printf("%-20s %12s %12.1f %12.1f %12.1f %12.1f %12.1f %10.1f %s (bad %d/256, amax %g)\n", name, plan_name, tf, tf_noamax,
            tf128, tf256, tf_nosplit, cublas_tf, (bad == 0 && amax_ok) ? "ok" : "WRONG", bad, amax);
     d.Free();
@@ -738,6 +742,7 @@ static void OneConfig(int64_t M, int64_t N, int64_t K, int tile, int flags, int 
 }
 
 int main(int argc, char** argv) {
+  setvbuf(stdout, nullptr, _IOLBF, 0);  // a crash or a time limit keeps the lines printed so far
   const std::string mode = argc > 1 ? argv[1] : "test";
   if (mode == "test") {
     TestAll();
@@ -768,6 +773,6 @@ int main(int argc, char** argv) {
     Bench(argc > 2 ? atoi(argv[2]) : 30, ParseShapes(argc > 3 ? argv[3] : nullptr));
     return 0;
   }
-  fprintf(stderr, "usage: %s [test|small|bench [iters [MxNxK,...]]|one M N K tile flags iters|exp]\n", argv[0]);
+  fprintf(stderr, "usage: %s [test|small|bench [iters [MxNxK[xL],...]]|one M N K tile flags iters|exp]\n", argv[0]);
   return 2;
 }

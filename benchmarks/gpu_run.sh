@@ -35,9 +35,9 @@ if run_stage tests; then
 fi
 
 if run_stage bench; then
-  # Under JAX's default allocator (preallocation): with XLA_PYTHON_CLIENT_PREALLOCATE=false, XLA's
-  # "Build buffer allocations" took ~0.5-0.7 ms per call of a 20-op chain (profiled, session 8),
-  # ~10x the preallocated pool's, and it grows with the number of outputs (ours has two per op).
+  # Under JAX's default allocator (preallocation), as users run: with XLA_PYTHON_CLIENT_PREALLOCATE=false,
+  # XLA's "Build buffer allocations" took 0.5-0.7 ms per call of a 20-op gemm_amax chain against
+  # 71 us with the preallocated pool (profiled, session 8, benchmarks/profile_chain.py).
   env -u XLA_PYTHON_CLIENT_PREALLOCATE timeout 200 python3 "$REPO/benchmarks/bench_gemm.py" --record ${JGA_BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
   echo "bench rc=$?"; tail -10 "$OUT/bench.log"
   cp "$REPO/benchmarks/RESULTS.md" "$OUT/RESULTS.md" 2>/dev/null

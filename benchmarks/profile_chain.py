@@ -25,32 +25,31 @@ import jax.numpy as jnp
 from jax.profiler import ProfileData
 
 import jax_gemm_amax as jga
+from bench_gemm import chain_operands, chained  # this directory is on sys.path when run as a script
 
 
 def build(peer, m, n, k, calls):
-    """The jitted chain and its arguments: call i runs on copy i of the operands (identical calls
-    on the same operands would be merged by XLA)."""
+    """The jitted chain (bench_gemm's, so that both tools time the same program) and its operands."""
     x = jax.random.normal(jax.random.key(1), (m, k))
     w = jax.random.normal(jax.random.key(2), (n, k))
     if peer == "gemm_amax":
         qa, sfa = jga.quantize(x, "mxfp8_e4m3")
         qb, sfb = jga.quantize(w, "mxfp8_e4m3")
-        first = (qa, qb, sfa, sfb)
-        fn = jax.jit(lambda ops: [jga.gemm_amax(*o, c_dtype=jnp.bfloat16) for o in ops])
+        ops = (qa, qb, sfa, sfb)
+        op = lambda qa, qb, sfa, sfb: jga.gemm_amax(qa, qb, sfa, sfb, c_dtype=jnp.bfloat16)  # noqa: E731
     else:
-        first = (x.astype(jnp.bfloat16), w.astype(jnp.bfloat16))
-        fn = jax.jit(lambda ops: [jnp.dot(a, b.T) for a, b in ops])
-    ops = [first] + [tuple(jnp.copy(t) for t in first) for _ in range(calls - 1)]
-    return fn, ops
+        ops = (x.astype(jnp.bfloat16), w.astype(jnp.bfloat16))
+        op = lambda a, b: jnp.dot(a, b.T)  # noqa: E731
+    return chained(op, calls), chain_operands(ops, calls)
 
 
 def per_call_seconds(fn, ops, repeats=7, batch=5):
-    jax.block_until_ready(fn(ops))
+    jax.block_until_ready(fn(*ops))
     samples = []
     for _ in range(repeats):
         start = time.perf_counter()
         for _ in range(batch):
-            out = fn(ops)
+            out = fn(*ops)
         jax.block_until_ready(out)
         samples.append((time.perf_counter() - start) / batch)
     return statistics.median(samples)
@@ -81,12 +80,14 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--peer", choices=["gemm_amax", "cublas"], default="gemm_amax")
     parser.add_argument("--shape", default="1024x1024x1024", help="MxNxK")
-    parser.add_argument("--calls", type=int, default=20, help="calls per jitted function")
+    parser.add_argument("--calls", type=int, default=20, help="calls per jitted function (at least 2)")
     parser.add_argument("--traced", type=int, default=4, help="jitted calls inside the trace")
     parser.add_argument("--top", type=int, default=30, help="events listed per profiler line")
     parser.add_argument("--timeline", action="store_true", help="also list the first GPU events in order")
     args = parser.parse_args()
     m, n, k = (int(v) for v in args.shape.split("x"))
+    if args.calls < 2:
+        parser.error("--calls must be at least 2 (one call per jitted function: bench_gemm.py)")
     fn, ops = build(args.peer, m, n, k, args.calls)
     t = per_call_seconds(fn, ops)
     print(f"{args.peer} {args.shape}, {args.calls} per jitted call: {t * 1e6:.0f} us per jitted call, "
@@ -94,7 +95,7 @@ def main():
     trace_dir = tempfile.mkdtemp(prefix="jga-profile-")
     with jax.profiler.trace(trace_dir):
         for _ in range(args.traced):
-            out = fn(ops)
+            out = fn(*ops)
         jax.block_until_ready(out)
     summarize(glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)[0], args.top, args.timeline)
 

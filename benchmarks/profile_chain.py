@@ -16,16 +16,14 @@ import argparse
 import collections
 import glob
 import os
-import statistics
 import tempfile
-import time
 
 import jax
 import jax.numpy as jnp
 from jax.profiler import ProfileData
 
 import jax_gemm_amax as jga
-from bench_gemm import chain_operands, chained  # this directory is on sys.path when run as a script
+from bench_gemm import chain_operands, chained, timed  # this directory is on sys.path when run as a script
 
 
 def build(peer, m, n, k, calls):
@@ -41,18 +39,6 @@ def build(peer, m, n, k, calls):
         ops = (x.astype(jnp.bfloat16), w.astype(jnp.bfloat16))
         op = lambda a, b: jnp.dot(a, b.T)  # noqa: E731
     return chained(op, calls), chain_operands(ops, calls)
-
-
-def per_call_seconds(fn, ops, repeats=7, batch=5):
-    jax.block_until_ready(fn(*ops))
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(batch):
-            out = fn(*ops)
-        jax.block_until_ready(out)
-        samples.append((time.perf_counter() - start) / batch)
-    return statistics.median(samples)
 
 
 def summarize(xplane_path, top, timeline):
@@ -89,7 +75,7 @@ def main():
     if args.calls < 2:
         parser.error("--calls must be at least 2 (one call per jitted function: bench_gemm.py)")
     fn, ops = build(args.peer, m, n, k, args.calls)
-    t = per_call_seconds(fn, ops)
+    t, _ = timed(fn, ops, calls=5, repeats=7)
     print(f"{args.peer} {args.shape}, {args.calls} per jitted call: {t * 1e6:.0f} us per jitted call, "
           f"{t / args.calls * 1e6:.1f} us per operation ({jax.devices()[0].device_kind})")
     trace_dir = tempfile.mkdtemp(prefix="jga-profile-")

@@ -111,11 +111,12 @@ __global__ void ResetKernel(float* amax, int n_amax, unsigned int* ready, int n_
 // costs a pipeline fill plus its epilogue; a split tile costs the partial tiles' store, the
 // reducer's wait and its read (128 KB per split at tile 256). Fitted to H200 harness timings:
 // session 6, 256x8192x8192 tile 256 / 2 splits 503 TF/s vs tile 128 unsplit 433; session 8, the
-// plans the refit picks against the old ones (RESULTS.md): 512x4096x4096 tile 128 unsplit 440
-// vs tile 256 / 2 splits 424, 640x8192x2048 tile 128 with a 2-way tail split 397 vs 364,
-// 2560x1792x4096 tile 128 with a 3-way tail split 426 vs 399; the split cost (3.8 x MI units per
-// extra split) keeps two plans the measurements favour: 1024^3 tile 128 / 2 splits (156 vs
-// unsplit 150) and 768x4096x4096 tile 256 unsplit (429-444 vs 424 with a tail split).
+// plans the refit picks against the old ones (RESULTS.md): 512x4096x4096 tile 128 unsplit 439-445
+// vs tile 256 / 2 splits 420-438, 640x8192x2048 tile 128 with a 2-way tail split 395-398 vs
+// 331-381, 2560x1792x4096 tile 128 with a 3-way tail split 424-429 vs 394-400 (one later call
+// read 403 vs 434: a bimodal shape); the split cost (3.8 x MI units per extra split) keeps two
+// plans the measurements favour: 1024^3 tile 128 / 2 splits (155-157 vs unsplit 150-151) and
+// 768x4096x4096 tile 256 unsplit (429-444 vs 424 with a tail split).
 // Candidates: every tile split S ways (S = 1: no split-K), or, when the last wave of tiles is
 // partial, the whole waves unsplit and only the last wave's tiles split (session 7). Only plans
 // whose workspace fits in `available` bytes are considered.

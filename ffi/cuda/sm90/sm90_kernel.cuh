@@ -120,7 +120,9 @@ struct Roles {
   // 216 of 128 x 512; MI = 1: 168 of 96 x 640). A consumer budget above the pool would hang the
   // CTA in setmaxnreg.inc.
   static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
-  static constexpr int kConsumerRegs = (kLaunchRegs * kThreads - 128 * 24 - 128 * kConverterWGs * 56) / 256 / 8 * 8;
+  static constexpr int kProducerRegs = 24, kConverterRegs = 56;
+  static constexpr int kConsumerRegs =
+      (kLaunchRegs * kThreads - 128 * kProducerRegs - 128 * kConverterWGs * kConverterRegs) / 256 / 8 * 8;
   static_assert(kConsumerRegs >= 160, "consumer register budget");
 };
 // CTAs are launched in clusters of kCluster along N: the CTAs of a cluster share one m-tile and
@@ -769,7 +771,7 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
     // ======================= WG0: producer (one thread) =======================
     // A warpgroup of its own: issuing a slab's copies takes ~2000 cycles of this thread (measured
     // with JGA_SM90_TRACE), which must not delay the B conversion or the MMAs.
-    SetMaxNReg<24>();
+    SetMaxNReg<R::kProducerRegs>();
     if (threadIdx.x == 0) {
       Tracer tr;
       int stage = 0, phase = 0;
@@ -828,7 +830,7 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
     }
   } else if (warp_idx < R::kFirstConsumerWarp) {
     // ======================= WG1 (and WG2 at MI = 1): B converters =======================
-    SetMaxNReg<56>();
+    SetMaxNReg<R::kConverterRegs>();
     const int cw = warp_idx / 4 - 1;                   // converter cw takes units ui % kConverterWGs == cw
     const int n_local = threadIdx.x - 128 * (1 + cw);  // row of the B tile this thread converts
     int r_stage = 0, r_phase = 0, b_stage = 0, b_phase = 0;

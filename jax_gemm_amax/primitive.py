@@ -16,6 +16,7 @@ final max over L).
 from __future__ import annotations
 
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -74,21 +75,31 @@ def _ffi_lowering(ctx, a, b, sfa, sfb, *, target, c_dtype, sf_vec_size, tile_m, 
     )
 
 
-# Split-K workspace of the SM90 kernel (C++: sm90::WorkspaceBytes in gemm_amax_sm90.{h,cu}, which
+# Device workspace of the SM90 kernel (C++: sm90::WorkspaceBytes in gemm_amax_sm90.{h,cu}, which
 # this mirrors; a different size only narrows the kernel's choice of plans, it never breaks a call).
 _SM90_MAX_SPLITS = 4
 _SM90_SPLIT_MAX_ELEMS = 1 << 22  # fp32 elements of partial tiles, at most
+_SM90_PRECONVERT_MIN_ROWS = 4096  # M from which B is offered room for its BF16 copy
+_SM90_PRECONVERT_MAX_BYTES = 1 << 30
 
 
-def _cuda_workspace_bytes(batch: int, m: int, n: int) -> int:
+def _cuda_workspace_bytes(batch: int, m: int, n: int, row_bytes: int, packed_fp4: bool) -> int:
     """Device workspace the CUDA handler gets (the same rule as WorkspaceBytes in
     ffi/cuda/sm90/gemm_amax_sm90.cu): per-tile split-K counters and fp32 partial tiles, for every
-    tile when there are few, else 16 MB for the last wave's tiles."""
+    tile when there are few, else 16 MB for the last wave's tiles; or, for problems with many rows,
+    the BF16 copy of B (2 bytes per element, K padded to 128-byte slabs of codes) if larger.
+    JAX_GEMM_AMAX_PRECONVERT_B=0 (read when a program is lowered) withholds the BF16 copy: less
+    memory, B converted inside the GEMM (~10% slower on large problems)."""
     cdiv = lambda x, y: -(-x // y)  # noqa: E731
     elems = cdiv(m, 256) * 256 * cdiv(n, 128) * 128 * batch
     slots = _SM90_MAX_SPLITS - 1 if elems <= _SM90_SPLIT_MAX_ELEMS // 4 else 1
     counters = cdiv(cdiv(m, 128) * cdiv(n, 128) * batch * 4, 256) * 256
-    return counters + min(slots * elems, _SM90_SPLIT_MAX_ELEMS) * 4
+    split_bytes = counters + min(slots * elems, _SM90_SPLIT_MAX_ELEMS) * 4
+    b_bytes = batch * n * cdiv(row_bytes, 128) * (4 if packed_fp4 else 2) * 128
+    offer_b = m >= _SM90_PRECONVERT_MIN_ROWS and b_bytes <= _SM90_PRECONVERT_MAX_BYTES
+    if offer_b and os.environ.get("JAX_GEMM_AMAX_PRECONVERT_B", "1") != "0":
+        return max(split_bytes, b_bytes)
+    return split_bytes
 
 
 def _cuda_lowering(ctx, a, b, sfa, sfb, **params):
@@ -99,9 +110,11 @@ def _cuda_lowering(ctx, a, b, sfa, sfb, **params):
         )
     # The workspace is a third result of the custom call that the primitive does not return: XLA
     # owns it (FFI scratch would be freed before a recorded CUDA graph replays; cuda_handler.cc).
-    batch, m, _ = ctx.avals_in[0].shape
+    a_aval = ctx.avals_in[0]
+    batch, m, row_bytes = a_aval.shape  # FP8: one byte per element; packed FP4: two elements per byte
     n = ctx.avals_in[1].shape[1]
-    workspace = ShapedArray((_cuda_workspace_bytes(batch, m, n),), np.uint8)
+    packed_fp4 = np.dtype(a_aval.dtype) == PACKED_FP4
+    workspace = ShapedArray((_cuda_workspace_bytes(batch, m, n, row_bytes, packed_fp4),), np.uint8)
     ctx3 = ctx.replace(avals_out=[*ctx.avals_out, workspace])
     c, amax, _ = _ffi_lowering(ctx3, a, b, sfa, sfb, target=_ffi.CUDA_TARGET, **params)
     return [c, amax]

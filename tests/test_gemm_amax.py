@@ -222,7 +222,8 @@ def test_every_element_of_a_long_run(fmt, m, n, k):
     """16384x8192x1024: each CTA of the persistent kernel runs ~30 short-K tiles back to back, where
     a shared-memory stage is reused soonest (a missing proxy fence once left a few wrong rows in 1-6
     tiles per call here, which a sampled check missed). 256x4096x8192: 32 output tiles for 132 SMs,
-    so the SM90 kernel splits K and hands fp32 partial tiles between CTAs. 2560x1792x4096: the last
+    so the SM90 kernel splits K and hands fp32 partial tiles between CTAs (and 16384x8192x1024,
+    with many rows, converts B to BF16 in a pass of its own first). 2560x1792x4096: the last
     wave of tiles is partial (on a 132-SM H200 the plan is 280 tiles of 128 rows: 264 run whole,
     the last 16 split K 3 ways, a tail split; at 256 rows, 140 tiles, 8 would split). Every element,
     in several calls, against the float32 product."""
@@ -247,3 +248,27 @@ def test_every_element_of_a_long_run(fmt, m, n, k):
         c, amax = run(qa, qb, sfa, sfb)
         assert int(wrong_elements(c, ref, ref_amax)) == 0, f"call {call}"
         np.testing.assert_allclose(float(amax), float(ref_amax), rtol=1e-5)
+
+
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="the SM90 kernel's two ways of converting B")
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp4", "nvfp4"])
+def test_preconverted_b_matches_in_kernel_conversion(fmt, monkeypatch):
+    """With M >= 4096 the SM90 kernel converts B to BF16 in a pass of its own and the GEMM loads it;
+    JAX_GEMM_AMAX_PRECONVERT_B=0 (read at lowering) keeps the conversion inside the GEMM. The same
+    BF16 values meet the same WGMMAs either way: f32 C must agree bit for bit (K tail, partial
+    column tile), and with the float32 product."""
+    m, n, k = 4096, 200, 352
+    sfv = 16 if fmt == "nvfp4" else 32
+    kx, kw = jax.random.split(jax.random.key(11))
+    qa, sfa = jga.quantize(jax.random.normal(kx, (m, k), jnp.float32), fmt)
+    qb, sfb = jga.quantize(jax.random.normal(kw, (n, k), jnp.float32), fmt)
+    results = {}
+    for setting in ("1", "0"):
+        monkeypatch.setenv("JAX_GEMM_AMAX_PRECONVERT_B", setting)
+        run = jax.jit(lambda *x: jga.gemm_amax(*x, c_dtype=jnp.float32, sf_vec_size=sfv))  # traced anew
+        results[setting] = run(qa, qb, sfa, sfb)
+    np.testing.assert_array_equal(np.asarray(results["1"].c), np.asarray(results["0"].c))
+    assert float(results["1"].amax) == float(results["0"].amax)
+    ref = np.asarray(jga.dequantize(qa, sfa, sfv), np.float64) @ np.asarray(jga.dequantize(qb, sfb, sfv), np.float64).T
+    np.testing.assert_allclose(np.asarray(results["1"].c), ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+    np.testing.assert_allclose(float(results["1"].amax), np.abs(ref).max(), rtol=1e-5)

@@ -64,9 +64,9 @@ bool EncodeOperandMap(CUtensorMap* map, const void* ptr, uint64_t kbytes, uint64
 
 }  // namespace
 
-int& MaxActiveClusters(int device, int variant, int mi, bool split_k) {
-  static int table[kMaxDevices][5][2][2] = {};
-  return table[device][variant][mi - 1][split_k ? 1 : 0];
+int& MaxActiveClusters(int device, int variant, int mi, int kind) {
+  static int table[kMaxDevices][5][2][3] = {};
+  return table[device][variant][mi - 1][kind];
 }
 
 const char* Unsupported(const GemmAmaxProblem& p) {
@@ -176,15 +176,39 @@ Plan MakePlan(const GemmAmaxProblem& p, int sms, const LaunchOptions& opt, size_
 
 }  // namespace
 
-size_t WorkspaceBytes(const GemmAmaxProblem& p) {
-  // Mirrored by primitive.py (_cuda_workspace_bytes); a smaller workspace only narrows the plans.
-  // Partial slots for every tile (few tiles), or kSplitMaxElems elements (a tail split: the last
-  // wave's tiles only).
+size_t PreconvertedBBytes(const GemmAmaxProblem& p) {
+  // Per row: every 128-byte slab of codes becomes kUnitsPerSlab units of 64 BF16 values.
+  const long long units_per_slab = p.ab_type == OperandType::kE2M1x2 ? 4 : 2;
+  return static_cast<size_t>(p.batch * p.n * CeilDiv(p.operand_row_bytes(), 128) * units_per_slab * 128);
+}
+
+namespace {
+// Split-K: partial slots for every tile (few tiles), or kSplitMaxElems elements (a tail split: the
+// last wave's tiles only), and the tile counters. Plans never use more than this, however large
+// the workspace (the cost model was fitted with it).
+size_t SplitWorkspaceBytes(const GemmAmaxProblem& p) {
   const long long elems = CeilDiv(p.m, 256) * 256 * CeilDiv(p.n, 128) * 128 * p.batch;
   const long long slots = elems <= kSplitMaxElems / 4 ? kMaxSplits - 1 : 1;
   const long long counters = CeilDiv(CeilDiv(p.m, 128) * CeilDiv(p.n, 128) * p.batch * 4, 256) * 256;
   return static_cast<size_t>(counters + std::min(slots * elems, kSplitMaxElems) * 4);
 }
+}  // namespace
+
+size_t WorkspaceBytes(const GemmAmaxProblem& p) {
+  // Mirrored by primitive.py (_cuda_workspace_bytes); a smaller workspace only narrows the plans.
+  // The split-K workspace, or the BF16 B if larger (no call uses both).
+  const size_t split_bytes = SplitWorkspaceBytes(p);
+  const size_t b_bytes = PreconvertedBBytes(p);
+  const bool offer_b = p.m >= kPreconvertMinRows && b_bytes <= static_cast<size_t>(kPreconvertMaxBytes);
+  return offer_b ? std::max(split_bytes, b_bytes) : split_bytes;
+}
+
+namespace {
+bool UsePreconvertedB(const GemmAmaxProblem& p, const Plan& plan, size_t workspace_bytes, const LaunchOptions& opt) {
+  if (opt.preconvert_b == 0 || plan.mi != 2 || plan.splits != 1 || workspace_bytes < PreconvertedBBytes(p)) return false;
+  return opt.preconvert_b == 1 || p.m >= kPreconvertMinRows;
+}
+}  // namespace
 
 cudaError_t LaunchWithOptions(const GemmAmaxProblem& p, const GemmAmaxBuffers& buf, void* workspace,
                               size_t workspace_bytes, cudaStream_t stream, const LaunchOptions& opt) {
@@ -203,14 +227,19 @@ cudaError_t LaunchWithOptions(const GemmAmaxProblem& p, const GemmAmaxBuffers& b
   cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return err;
   const int sms = SmCount(dev);
-  const Plan plan = MakePlan(p, sms, opt, workspace != nullptr ? workspace_bytes : 0);
+  if (workspace == nullptr) workspace_bytes = 0;
+  const Plan plan = MakePlan(p, sms, opt, std::min(workspace_bytes, SplitWorkspaceBytes(p)));
   const int mi = plan.mi;
+  const bool preconvert_b = UsePreconvertedB(p, plan, workspace_bytes, opt);
 
   LaunchCtx ctx;
   const uint64_t kbytes = static_cast<uint64_t>(p.operand_row_bytes());
-  const uint32_t box_a = std::min(128 * mi / kCluster, kBoxRows), box_b = std::min(128, kBoxRows);
+  const uint32_t box_a = std::min(128 * mi / kAShare, kBoxRows), box_b = std::min(128, kBoxRows);
   if (!EncodeOperandMap(&ctx.tm_a, buf.a, kbytes, p.m, p.batch, box_a)) return cudaErrorInvalidValue;
-  if (!EncodeOperandMap(&ctx.tm_b, buf.b, kbytes, p.n, p.batch, box_b)) return cudaErrorInvalidValue;
+  // B as codes, or (pre-converted) as BF16 units of 128 bytes in the workspace.
+  const uint64_t b_row_bytes = preconvert_b ? PreconvertedBBytes(p) / (p.batch * p.n) : kbytes;
+  if (!EncodeOperandMap(&ctx.tm_b, preconvert_b ? workspace : buf.b, b_row_bytes, p.n, p.batch, box_b))
+    return cudaErrorInvalidValue;
 
   KParams& k = ctx.params;
   k.m = static_cast<int>(p.m);
@@ -243,6 +272,20 @@ cudaError_t LaunchWithOptions(const GemmAmaxProblem& p, const GemmAmaxBuffers& b
   k.partials = plan.splits > 1 ? reinterpret_cast<float*>(static_cast<uint8_t*>(workspace) + plan.ready_bytes) : nullptr;
   ctx.grid = std::min(k.units_total, sms / kCluster) * kCluster;
   ctx.mi = mi;
+  ctx.preconvert_b = preconvert_b;
+  if (preconvert_b) {
+    PreconvertParams& q = ctx.pre;
+    q.b = static_cast<const uint8_t*>(buf.b);
+    q.sfb = k.sfb;
+    q.out = static_cast<uint8_t*>(workspace);
+    q.sfb_batch_stride = k.sfb_batch_stride;
+    q.row_bytes = p.operand_row_bytes();
+    q.n = k.n;
+    q.l = k.l;
+    q.units_per_row = static_cast<int>(b_row_bytes / 128);
+    q.k_groups = k.k_groups;
+    q.k_blocks = k.k_blocks;
+  }
   ctx.device = dev;
   ctx.stream = stream;
 
@@ -293,10 +336,11 @@ cudaError_t PlanFor(const GemmAmaxProblem& p, size_t workspace_bytes, const Laun
   int dev = 0;
   const cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return err;
-  const Plan plan = MakePlan(p, SmCount(dev), opt, workspace_bytes);
+  const Plan plan = MakePlan(p, SmCount(dev), opt, std::min(workspace_bytes, SplitWorkspaceBytes(p)));
   info->tile_m = 128 * plan.mi;
   info->splits = plan.splits;
   info->whole_tiles = plan.whole_tiles;
+  info->preconvert_b = UsePreconvertedB(p, plan, workspace_bytes, opt);
   return cudaSuccess;
 }
 

@@ -19,6 +19,10 @@
 //     a real (not unrolled) unit loop.
 //   * K is permuted consistently for A and B inside each 64-K unit so that every thread reads
 //     16 contiguous bytes of A per row (one LDS.128) and the converter writes whole 16-byte chunks.
+//   * Pre-converted B (kPreB, tile 256 unsplit, problems with M >= 4096): PreconvertBKernel writes B
+//     as BF16 in the converter's K order into the workspace first (memory-bound: 54 us for 8192 x
+//     8192 fp8 codes), the producer TMA-loads it straight into the BF16 B buffers and the converter
+//     warpgroup idles. Converting B per tile costs ~12% of the GEMM (ncu, 8192^3: 1.72 ms vs 1.52).
 //   * CTA tile: (128*MI) x 128 (MI = 1 or 2, picked by the host's cost model). A work unit is a
 //     tile, or, in the kSplitK kernels (problems with few tiles), one of `splits` K ranges of a
 //     tile: the other splits hand fp32 partial tiles to the last one through a device workspace.
@@ -133,6 +137,12 @@ struct Roles {
 #define JGA_SM90_CLUSTER 1
 #endif
 constexpr int kCluster = JGA_SM90_CLUSTER;
+// Experiment: JGA_SM90_SHARE_A=0 launches the clusters but loads A per CTA (no multicast, no coupled
+// raw stages): what the cluster launch alone costs.
+#ifndef JGA_SM90_SHARE_A
+#define JGA_SM90_SHARE_A 1
+#endif
+constexpr int kAShare = JGA_SM90_SHARE_A ? kCluster : 1;  // CTAs that share (and load part of) one A slab
 // Rows per TMA box (A and B slabs are loaded as several boxes of this many 128-byte rows).
 #ifndef JGA_SM90_BOX_ROWS
 #define JGA_SM90_BOX_ROWS 64
@@ -164,22 +174,28 @@ constexpr int kFlagNoEpilogue = 16;  // experiment: no C stores, no amax (wrong 
 constexpr int kFlagNoScales = 64;    // experiment: producer skips the scale-block copies
 constexpr int kFlagNoBLoad = 128;    // experiment: producer skips the B tile
 constexpr int kFlagNoFence = 256;    // experiment: converter skips the proxy fence (unsafe)
+constexpr int kFlagHalfConvB = 512;  // experiment: converter rows 64-127 skip the B conversion (wrong results)
 constexpr int kBN = 128;
 // Epilogue staging buffer of each of the 8 consumer warps (see Epilogue).
 constexpr int kStageBytesPerWarp = 1024;
 
-template <int V, int MI>
+// kPreB: B arrives as BF16 (converted by PreconvertBKernel), loaded by TMA straight into the BF16 B
+// buffers; the raw stages hold A and its scales only, which leaves room for deeper rings.
+template <int V, int MI, bool kPreB = false>
 struct Smem {
   using Tr = VariantTraits<V>;
   static constexpr int kBM = 128 * MI;
-  static constexpr int kRawStages = MI == 2 ? 3 : 4;
+  static constexpr int kRawStages = (MI == 2 && !kPreB) ? 3 : 4;
   static constexpr int kRawA = kBM * 128;
-  static constexpr int kRawB = kBN * 128;
+  static constexpr int kRawB = kPreB ? 0 : kBN * 128;
   static constexpr int kBufB = kBN * 128;  // bf16 B of one 64-K unit: 128 rows x 128 bytes
   static constexpr int kSfA = MI * Tr::kScaleBlocksPerSlab * 512;
-  static constexpr int kSfB = Tr::kScaleBlocksPerSlab * 512;
+  static constexpr int kSfB = kPreB ? 0 : Tr::kScaleBlocksPerSlab * 512;
   static constexpr int kRawBytes = kRawStages * (kRawA + kRawB + kSfA + kSfB);
-  static constexpr int kBStages = (kRawBytes + 4 * kBufB + 1024 + 256 + 8 * kStageBytesPerWarp <= 227 * 1024) ? 4 : 3;
+  static constexpr int kFixedBytes = 1024 + 256 + 8 * kStageBytesPerWarp;  // alignment slack, barriers, epilogue
+  static constexpr int kBStages = (kPreB && kRawBytes + 5 * kBufB + kFixedBytes <= 227 * 1024) ? 5
+                                  : (kRawBytes + 4 * kBufB + kFixedBytes <= 227 * 1024)         ? 4
+                                                                                                : 3;
   static constexpr int kOffRawA = 0;
   static constexpr int kOffRawB = kOffRawA + kRawStages * kRawA;
   static constexpr int kOffBufB = kOffRawB + kRawStages * kRawB;
@@ -271,8 +287,8 @@ __device__ __forceinline__ void TmaLoad3DMulticast(uint32_t dst, const CUtensorM
 // branch: see FlushAmax).
 __device__ __forceinline__ void MbarArriveClusterIf(uint32_t bar, bool pred) {
 #pragma unroll
-  for (int c = 0; c < kCluster; ++c) {
-    if constexpr (kCluster == 1) {
+  for (int c = 0; c < kAShare; ++c) {
+    if constexpr (kAShare == 1) {
       MbarArriveIf(bar, pred);
     } else {
       uint32_t remote;
@@ -719,11 +735,172 @@ __device__ __forceinline__ int GroupInSlab(int ui, int t) {
   }
 }
 
-template <int V, int MI, bool kSplitK>
+// B conversion of one row's 64-K unit ui of a slab (value x scale -> BF16, exact), shared by the
+// converter warpgroup and PreconvertBKernel. In: the unit's codes (fp8: 16-byte chunks 4ui + t of
+// the slab row, t < 4, as words codes[4t + s]; fp4: 8-byte half ui & 1 of chunks 4(ui >> 1) + t, as
+// codes[2t + w]), the scale bytes of its groups (fp8: group 2ui + gi in sf[gi], gi < 2; fp4: group
+// GroupInSlab(ui, t) in sf[t]) and whether each group lies within K. Out: the unit's eight 16-byte
+// BF16 chunks in the consumers' K order, handed to store(chunk, x, y, z, w). The converter puts
+// chunk c of row r at c ^ (r & 7) of the row (128B swizzle); PreconvertBKernel writes it at c, and
+// a 128B-swizzled TMA load of 128-byte rows puts it where the converter would.
+// Must be called by whole warps (a vote picks the rare two-multiply path).
+template <int V, class Store>
+__device__ __forceinline__ void ConvertBUnit(const uint32_t (&codes)[16], const uint32_t (&sf)[4], const bool (&valid)[4],
+                                             Store&& store) {
+  using Tr = VariantTraits<V>;
+  if constexpr (!Tr::kFp4) {
+    uint32_t m1[2], m2[2];
+    bool any_big = false;
+#pragma unroll
+    for (int gi = 0; gi < 2; ++gi) {
+      bool big;
+      ScaleToMul<V>(sf[gi], valid[gi], m1[gi], m2[gi], big);
+      any_big |= big;
+    }
+    // Two copies of the unit's conversion, the second multiply only in the rare one (a uniform
+    // branch: inside the loop ptxas would issue it predicated for every value).
+    auto convert = [&](auto two_multiplies) {
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        uint32_t lo[4], hi[4];
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+          uint32_t a0, a1;
+          Fp8WordToRaw<V>(codes[4 * t + s], a0, a1);
+          const int gi = t >> 1;
+          a0 = MulBF16x2(a0, m1[gi]);
+          a1 = MulBF16x2(a1, m1[gi]);
+          if constexpr (decltype(two_multiplies)::value) {
+            a0 = MulBF16x2(a0, m2[gi]);
+            a1 = MulBF16x2(a1, m2[gi]);
+          }
+          lo[t] = a0;
+          hi[t] = a1;
+        }
+        store(2 * s, lo[0], lo[1], lo[2], lo[3]);
+        store(2 * s + 1, hi[0], hi[1], hi[2], hi[3]);
+      }
+    };
+    if (__any_sync(0xFFFFFFFFu, any_big)) {
+      convert(std::true_type{});
+    } else {
+      convert(std::false_type{});
+    }
+  } else {
+    uint32_t m1[4];
+    bool any_big = false;
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      uint32_t m2d;
+      bool big;
+      ScaleToMul<V>(sf[t], valid[t], m1[t], m2d, big);
+      any_big |= big;
+    }
+    auto convert = [&](auto two_multiplies) {  // as for fp8: the rare path is a copy
+#pragma unroll
+      for (int ww = 0; ww < 2; ++ww) {
+        uint32_t pr[4][4];  // [pair][t]
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+          uint32_t a[4];
+          Fp4WordToRaw(codes[2 * t + ww], a[0], a[1], a[2], a[3]);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) pr[j][t] = MulBF16x2(a[j], m1[t]);
+          if constexpr (decltype(two_multiplies)::value) {
+            uint32_t m1d, m2;
+            bool big;
+            ScaleToMul<V>(sf[t], valid[t], m1d, m2, big);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) pr[j][t] = MulBF16x2(pr[j][t], m2);
+          }
+        }
+        // pairs of word ww: (s=2ww,h=0),(2ww,1),(2ww+1,0),(2ww+1,1); chunk = 2s+h.
+#pragma unroll
+        for (int j = 0; j < 4; ++j) store(2 * (2 * ww + (j >> 1)) + (j & 1), pr[j][0], pr[j][1], pr[j][2], pr[j][3]);
+      }
+    };
+    if (__any_sync(0xFFFFFFFFu, any_big)) {
+      convert(std::true_type{});
+    } else {
+      convert(std::false_type{});
+    }
+  }
+}
+
+// B (codes x scales) -> BF16 in global memory, once per call, for the kPreB GEMM kernels: row n of
+// batch item l becomes units_per_row 128-byte units (unit u: K elements 64u..64u+63 in the
+// consumers' order, see ConvertBUnit; zeros past K). One thread per (l, n, u), u fastest, so a
+// warp's units are 4 KB of consecutive output: they are staged in shared memory (chunks
+// XOR-swizzled, conflict-free) and stored as whole 512-byte spans per instruction (stored straight
+// from each thread, every instruction wrote 16 bytes into each of 32 lines: 144 us at 8192^3, ncu).
+struct PreconvertParams {
+  const uint8_t* b;
+  const uint8_t* sfb;
+  uint8_t* out;
+  long long sfb_batch_stride;
+  long long row_bytes;  // bytes of K per row of b
+  int n, l, units_per_row, k_groups, k_blocks;
+};
+template <int V>
+__global__ void __launch_bounds__(256) PreconvertBKernel(const PreconvertParams q) {
+  using Tr = VariantTraits<V>;
+  // Lets the GEMM (launched as this kernel's programmatic dependent) start its prologue; its
+  // producer waits for this grid (griddepcontrol.wait) before it loads B.
+  asm volatile("griddepcontrol.launch_dependents;");
+  const long long i = blockIdx.x * 256ll + threadIdx.x;
+  const long long total = static_cast<long long>(q.l) * q.n * q.units_per_row;
+  const bool live = i < total;  // dead lanes still vote in ConvertBUnit
+  const long long row_id = live ? i / q.units_per_row : 0;  // l * n + row
+  const int u = live ? static_cast<int>(i - row_id * q.units_per_row) : 0;
+  const int row = static_cast<int>(row_id % q.n), l = static_cast<int>(row_id / q.n);
+  const int slab = u / Tr::kUnitsPerSlab, ui = u % Tr::kUnitsPerSlab;
+  const uint8_t* src = q.b + row_id * q.row_bytes + slab * 128ll;
+  uint32_t codes[16] = {};
+  uint32_t sf[4] = {};
+  bool valid[4] = {};
+#pragma unroll
+  for (int t = 0; t < 4; ++t) {
+    const int chunk = Tr::kFp4 ? 4 * (ui >> 1) + t : 4 * ui + t;
+    if (!live || slab * 128ll + 16 * chunk >= q.row_bytes) continue;  // past K: zeros (rows are 16-byte multiples)
+    if constexpr (!Tr::kFp4) {
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(src + 16 * chunk));
+      codes[4 * t] = v.x; codes[4 * t + 1] = v.y; codes[4 * t + 2] = v.z; codes[4 * t + 3] = v.w;
+    } else {
+      const uint2 v = __ldg(reinterpret_cast<const uint2*>(src + 16 * chunk + 8 * (ui & 1)));
+      codes[2 * t] = v.x; codes[2 * t + 1] = v.y;
+    }
+  }
+  const uint8_t* sfb = q.sfb + l * q.sfb_batch_stride + static_cast<long long>(row >> 7) * q.k_blocks * 512;
+#pragma unroll
+  for (int j = 0; j < (Tr::kFp4 ? 4 : 2); ++j) {
+    const int gis = Tr::kFp4 ? GroupInSlab<V>(ui, j) : 2 * ui + j;
+    const int group = slab * Tr::kGroupsPerSlab + gis;
+    valid[j] = live && group < q.k_groups;
+    if (valid[j]) sf[j] = __ldg(sfb + (group >> 2) * 512 + SfInBlock(row, group & 3));
+  }
+  __shared__ __align__(16) uint4 stage[8][32 * 8];  // per warp: 32 units x 8 chunks
+  const int lane = threadIdx.x & 31;
+  uint4* ws = stage[threadIdx.x >> 5];
+  ConvertBUnit<V>(codes, sf, valid, [&](int chunk, uint32_t x, uint32_t y, uint32_t z, uint32_t w) {
+    ws[lane * 8 + (chunk ^ (lane & 7))] = make_uint4(x, y, z, w);
+  });
+  __syncwarp();
+  const long long warp_first = i - lane;  // the warp's first unit
+#pragma unroll
+  for (int r = 0; r < 8; ++r) {
+    const int c = r * 32 + lane, unit = c >> 3;  // 16-byte chunk c of the warp's 4 KB
+    if (warp_first + unit < total)
+      reinterpret_cast<uint4*>(q.out)[(warp_first + unit) * 8 + (c & 7)] = ws[unit * 8 + ((c & 7) ^ (unit & 7))];
+  }
+}
+
+// kPreB: tm_b maps PreconvertBKernel's BF16 B (128-byte units) instead of the codes; the producer
+// loads it into the BF16 B buffers and the converter warpgroup idles.
+template <int V, int MI, bool kSplitK, bool kPreB>
 __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
     GemmAmaxKernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_b, const KParams p) {
   using Tr = VariantTraits<V>;
-  using S = Smem<V, MI>;
+  using S = Smem<V, MI, kPreB>;
   constexpr int kBM = S::kBM;
   constexpr int kRawStages = S::kRawStages;
   constexpr int kBStages = S::kBStages;
@@ -753,10 +930,11 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&tm_b)) : "memory");
     for (int s = 0; s < kRawStages; ++s) {
       MbarInit(bar_full_raw + 8 * s, 1);
-      MbarInit(bar_empty_raw + 8 * s, (8 + 4 * R::kConverterWGs) * kCluster);  // consumer + converter warps
+      // consumer (+ converter) warps
+      MbarInit(bar_empty_raw + 8 * s, (8 + (kPreB ? 0 : 4 * R::kConverterWGs)) * kAShare);
     }
     for (int s = 0; s < kBStages; ++s) {
-      MbarInit(bar_full_b + 8 * s, 4);
+      MbarInit(bar_full_b + 8 * s, kPreB ? 1 : 4);  // the producer's arrive (+ TMA bytes), or the converter warps
       MbarInit(bar_empty_b + 8 * s, 8);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -774,7 +952,8 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
     SetMaxNReg<R::kProducerRegs>();
     if (threadIdx.x == 0) {
       Tracer tr;
-      int stage = 0, phase = 0;
+      int stage = 0, phase = 0, b_stage = 0, b_phase = 0;
+      if constexpr (kPreB) WaitForResetKernel();  // here: for PreconvertBKernel, the grid before this one
       for (int u = cluster_id; u < p.units_total; u += num_clusters) {
         const WorkUnit wu = DecodeUnit<kSplitK>(p, u);
         const TileCoord pc = DecodeTile(p, wu.tile);
@@ -787,15 +966,16 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
           const bool skip_sf = Experiment(p, kFlagNoScales), skip_b = Experiment(p, kFlagNoBLoad);
           MbarArriveExpectTx(fb, S::kTxBytes - (skip_sf ? S::kSfA + S::kSfB : 0) - (skip_b ? S::kRawB : 0));
           const int my_nt = pc.nt * kCluster + rank;
-          constexpr int kPartRows = kBM / kCluster;  // rows of the A slab this CTA loads for all
-          const uint32_t dst_a = smem + S::kOffRawA + stage * S::kRawA + rank * kPartRows * 128;
+          constexpr int kPartRows = kBM / kAShare;  // rows of the A slab this CTA loads for all
+          const int a_part = kAShare > 1 ? rank : 0;
+          const uint32_t dst_a = smem + S::kOffRawA + stage * S::kRawA + a_part * kPartRows * 128;
           constexpr int kBoxA = kPartRows < kBoxRows ? kPartRows : kBoxRows;  // as the host encodes
           constexpr int kBoxB = kBN < kBoxRows ? kBN : kBoxRows;
 #pragma unroll
           for (int bx = 0; bx < kPartRows / kBoxA; ++bx) {
             const uint32_t dst = dst_a + bx * kBoxA * 128;
-            const int row = pc.mt * kBM + rank * kPartRows + bx * kBoxA;
-            if constexpr (kCluster > 1) {
+            const int row = pc.mt * kBM + a_part * kPartRows + bx * kBoxA;
+            if constexpr (kAShare > 1) {
               TmaLoad3DMulticast(dst, &tm_a, fb, slab * 128, row, pc.l, static_cast<uint16_t>((1u << kCluster) - 1));
             } else {
               TmaLoad3D(dst, &tm_a, fb, slab * 128, row, pc.l);
@@ -803,7 +983,7 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
           }
 #pragma unroll
           for (int bx = 0; bx < kBN / kBoxB; ++bx) {
-            if (skip_b) break;
+            if (skip_b || kPreB) break;
             TmaLoad3D(smem + S::kOffRawB + stage * S::kRawB + bx * kBoxB * 128, &tm_b, fb, slab * 128,
                       my_nt * kBN + bx * kBoxB, pc.l);
           }
@@ -818,9 +998,24 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
               const uint8_t* src = p.sfa + pc.l * p.sfa_batch_stride + (static_cast<long long>(rb) * p.k_blocks + kb4) * 512;
               BulkLoad(smem + S::kOffSfA + stage * S::kSfA + (i * kNSB + j) * 512, src, 512, fb);
             }
-            const int rbb = min(my_nt, p.row_blocks_b - 1);
-            const uint8_t* srcb = p.sfb + pc.l * p.sfb_batch_stride + (static_cast<long long>(rbb) * p.k_blocks + kb4) * 512;
-            BulkLoad(smem + S::kOffSfB + stage * S::kSfB + j * 512, srcb, 512, fb);
+            if constexpr (!kPreB) {
+              const int rbb = min(my_nt, p.row_blocks_b - 1);
+              const uint8_t* srcb = p.sfb + pc.l * p.sfb_batch_stride + (static_cast<long long>(rbb) * p.k_blocks + kb4) * 512;
+              BulkLoad(smem + S::kOffSfB + stage * S::kSfB + j * 512, srcb, 512, fb);
+            }
+          }
+          if constexpr (kPreB) {  // the slab's BF16 B units, one buffer each (unit u: bytes 128u.. of a row)
+#pragma unroll 1
+            for (int ui = 0; ui < kUPS; ++ui) {
+              MbarWait(bar_empty_b + 8 * b_stage, b_phase ^ 1);
+              const uint32_t fbb = bar_full_b + 8 * b_stage;
+              MbarArriveExpectTx(fbb, S::kBufB);
+#pragma unroll
+              for (int bx = 0; bx < kBN / kBoxB; ++bx)
+                TmaLoad3D(smem + S::kOffBufB + b_stage * S::kBufB + bx * kBoxB * 128, &tm_b, fbb, (slab * kUPS + ui) * 128,
+                          my_nt * kBN + bx * kBoxB, pc.l);
+              if (++b_stage == kBStages) { b_stage = 0; b_phase ^= 1; }
+            }
           }
           tr.Stop(kTrProducerIssue);
           if (++stage == kRawStages) { stage = 0; phase ^= 1; }
@@ -831,150 +1026,81 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
   } else if (warp_idx < R::kFirstConsumerWarp) {
     // ======================= WG1 (and WG2 at MI = 1): B converters =======================
     SetMaxNReg<R::kConverterRegs>();
-    const int cw = warp_idx / 4 - 1;                   // converter cw takes units ui % kConverterWGs == cw
-    const int n_local = threadIdx.x - 128 * (1 + cw);  // row of the B tile this thread converts
-    int r_stage = 0, r_phase = 0, b_stage = 0, b_phase = 0;
-    const int r7 = n_local & 7;
-    Tracer tr;
+    if constexpr (!kPreB) {  // (kPreB: B arrives converted)
+      const int cw = warp_idx / 4 - 1;                   // converter cw takes units ui % kConverterWGs == cw
+      const int n_local = threadIdx.x - 128 * (1 + cw);  // row of the B tile this thread converts
+      int r_stage = 0, r_phase = 0, b_stage = 0, b_phase = 0;
+      const int r7 = n_local & 7;
+      Tracer tr;
 #ifdef JGA_SM90_TRACE
-    const long long conv_t0 = clock64();
+      const long long conv_t0 = clock64();
 #endif
-    for (int u = cluster_id; u < p.units_total; u += num_clusters) {
-      const WorkUnit wu = DecodeUnit<kSplitK>(p, u);
-      for (int slab = wu.slab_lo; slab < wu.slab_hi; ++slab) {
-        // ---- convert the B slab, one 64-K unit (one bf16 buffer) at a time ----
-        tr.Start();
-        MbarWait(bar_full_raw + 8 * r_stage, r_phase);
-        tr.Stop(kTrConvWaitRaw);
-        const uint32_t raw = smem + S::kOffRawB + r_stage * S::kRawB + n_local * 128;
-        const uint32_t sfb = smem + S::kOffSfB + r_stage * S::kSfB + SfInBlock(n_local, 0);
+      for (int u = cluster_id; u < p.units_total; u += num_clusters) {
+        const WorkUnit wu = DecodeUnit<kSplitK>(p, u);
+        for (int slab = wu.slab_lo; slab < wu.slab_hi; ++slab) {
+          // ---- convert the B slab, one 64-K unit (one bf16 buffer) at a time ----
+          tr.Start();
+          MbarWait(bar_full_raw + 8 * r_stage, r_phase);
+          tr.Stop(kTrConvWaitRaw);
+          const uint32_t raw = smem + S::kOffRawB + r_stage * S::kRawB + n_local * 128;
+          const uint32_t sfb = smem + S::kOffSfB + r_stage * S::kSfB + SfInBlock(n_local, 0);
 #pragma unroll 1
-        for (int ui = 0; ui < kUPS; ++ui) {
-          if (R::kConverterWGs > 1 && ui % R::kConverterWGs != cw) {  // the other converter's unit
+          for (int ui = 0; ui < kUPS; ++ui) {
+            if (R::kConverterWGs > 1 && ui % R::kConverterWGs != cw) {  // the other converter's unit
+              if (++b_stage == kBStages) { b_stage = 0; b_phase ^= 1; }
+              continue;
+            }
+            tr.Start();
+            MbarWait(bar_empty_b + 8 * b_stage, b_phase ^ 1);
+            tr.Stop(kTrConvWaitEmptyB);
+            tr.Start();
+            const uint32_t dst = smem + S::kOffBufB + b_stage * S::kBufB + (n_local >> 3) * 1024 + r7 * 128;
+            if (Experiment(p, kFlagNoConvB) || (Experiment(p, kFlagHalfConvB) && n_local >= 64)) {
+              // experiment only
+            } else {
+              uint32_t codes[16] = {};
+              uint32_t sf[4] = {};
+              bool valid[4] = {};
+#pragma unroll
+              for (int t = 0; t < 4; ++t) {
+                if constexpr (!Tr::kFp4) {
+                  const uint4 v = Lds128(raw + (((4 * ui + t) ^ r7) << 4));
+                  codes[4 * t] = v.x; codes[4 * t + 1] = v.y; codes[4 * t + 2] = v.z; codes[4 * t + 3] = v.w;
+                } else {
+                  const uint2 v = Lds64(raw + (((4 * (ui >> 1) + t) ^ r7) << 4) + 8 * (ui & 1));
+                  codes[2 * t] = v.x; codes[2 * t + 1] = v.y;
+                }
+              }
+#pragma unroll
+              for (int j = 0; j < (Tr::kFp4 ? 4 : 2); ++j) {
+                const int gis = Tr::kFp4 ? GroupInSlab<V>(ui, j) : 2 * ui + j;
+                sf[j] = Lds8(sfb + (gis >> 2) * 512 + (gis & 3));
+                valid[j] = slab * Tr::kGroupsPerSlab + gis < p.k_groups;
+              }
+              ConvertBUnit<V>(codes, sf, valid, [&](int chunk, uint32_t x, uint32_t y, uint32_t z, uint32_t w) {
+                Sts128(dst + ((chunk ^ r7) << 4), x, y, z, w);
+              });
+            }
+            tr.Stop(kTrConvWork);
+            tr.Start();
+            if (!Experiment(p, kFlagNoFence)) FenceProxyAsync();
+            __syncwarp();
+            MbarArriveIf(bar_full_b + 8 * b_stage, lane == 0);
+            tr.Stop(kTrConvFence);
             if (++b_stage == kBStages) { b_stage = 0; b_phase ^= 1; }
-            continue;
           }
-          tr.Start();
-          MbarWait(bar_empty_b + 8 * b_stage, b_phase ^ 1);
-          tr.Stop(kTrConvWaitEmptyB);
-          tr.Start();
-          const uint32_t dst = smem + S::kOffBufB + b_stage * S::kBufB + (n_local >> 3) * 1024 + r7 * 128;
-          if (Experiment(p, kFlagNoConvB)) {
-            // experiment only
-          } else if constexpr (!Tr::kFp4) {
-            const int h = ui;
-            uint4 q[4];
-#pragma unroll
-            for (int t = 0; t < 4; ++t) q[t] = Lds128(raw + (((4 * h + t) ^ r7) << 4));
-            uint32_t m1[2], m2[2];
-            bool any_big = false;
-#pragma unroll
-            for (int gi = 0; gi < 2; ++gi) {
-              const int gis = 2 * h + gi;
-              const uint32_t sv = Lds8(sfb + gis);
-              bool big;
-              ScaleToMul<V>(sv, slab * Tr::kGroupsPerSlab + gis < p.k_groups, m1[gi], m2[gi], big);
-              any_big |= big;
-            }
-            // Two copies of the unit's conversion, the second multiply only in the rare one (a
-            // uniform branch: inside the loop ptxas would issue it predicated for every value).
-            auto convert = [&](auto two_multiplies) {
-#pragma unroll
-              for (int s = 0; s < 4; ++s) {
-                uint32_t lo[4], hi[4];
-#pragma unroll
-                for (int t = 0; t < 4; ++t) {
-                  const uint32_t w = (s == 0) ? q[t].x : (s == 1) ? q[t].y : (s == 2) ? q[t].z : q[t].w;
-                  uint32_t a0, a1;
-                  Fp8WordToRaw<V>(w, a0, a1);
-                  const int gi = t >> 1;
-                  a0 = MulBF16x2(a0, m1[gi]);
-                  a1 = MulBF16x2(a1, m1[gi]);
-                  if constexpr (decltype(two_multiplies)::value) {
-                    a0 = MulBF16x2(a0, m2[gi]);
-                    a1 = MulBF16x2(a1, m2[gi]);
-                  }
-                  lo[t] = a0;
-                  hi[t] = a1;
-                }
-                Sts128(dst + (((2 * s) ^ r7) << 4), lo[0], lo[1], lo[2], lo[3]);
-                Sts128(dst + (((2 * s + 1) ^ r7) << 4), hi[0], hi[1], hi[2], hi[3]);
-              }
-            };
-            if (__any_sync(0xFFFFFFFFu, any_big)) {
-              convert(std::true_type{});
-            } else {
-              convert(std::false_type{});
-            }
-          } else {
-            const int h = ui >> 1, u = ui & 1;
-            uint2 q2[4];
-#pragma unroll
-            for (int t = 0; t < 4; ++t) q2[t] = Lds64(raw + (((4 * h + t) ^ r7) << 4) + 8 * u);
-            uint32_t m1[4], sv[4];
-            bool any_big = false;
-#pragma unroll
-            for (int t = 0; t < 4; ++t) {
-              const int gis = GroupInSlab<V>(ui, t);
-              sv[t] = Lds8(sfb + (gis >> 2) * 512 + (gis & 3));
-              uint32_t m2d;
-              bool big;
-              ScaleToMul<V>(sv[t], slab * Tr::kGroupsPerSlab + gis < p.k_groups, m1[t], m2d, big);
-              any_big |= big;
-            }
-            auto convert = [&](auto two_multiplies) {  // as for fp8: the rare path is a copy
-#pragma unroll
-              for (int ww = 0; ww < 2; ++ww) {
-                uint32_t pr[4][4];  // [pair][t]
-#pragma unroll
-                for (int t = 0; t < 4; ++t) {
-                  const uint32_t x = ww == 0 ? q2[t].x : q2[t].y;
-                  uint32_t a[4];
-                  Fp4WordToRaw(x, a[0], a[1], a[2], a[3]);
-#pragma unroll
-                  for (int j = 0; j < 4; ++j) pr[j][t] = MulBF16x2(a[j], m1[t]);
-                  if constexpr (decltype(two_multiplies)::value) {
-                    const int gis = GroupInSlab<V>(ui, t);
-                    uint32_t m1d, m2;
-                    bool big;
-                    ScaleToMul<V>(sv[t], slab * Tr::kGroupsPerSlab + gis < p.k_groups, m1d, m2, big);
-#pragma unroll
-                    for (int j = 0; j < 4; ++j) pr[j][t] = MulBF16x2(pr[j][t], m2);
-                  }
-                }
-                // pairs of word ww: (s=2ww,h=0),(2ww,1),(2ww+1,0),(2ww+1,1); chunk = 2s+h.
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                  const int chunk = 2 * (2 * ww + (j >> 1)) + (j & 1);
-                  Sts128(dst + ((chunk ^ r7) << 4), pr[j][0], pr[j][1], pr[j][2], pr[j][3]);
-                }
-              }
-            };
-            if (__any_sync(0xFFFFFFFFu, any_big)) {
-              convert(std::true_type{});
-            } else {
-              convert(std::false_type{});
-            }
-          }
-          tr.Stop(kTrConvWork);
-          tr.Start();
-          if (!Experiment(p, kFlagNoFence)) FenceProxyAsync();
+          // No ReleaseRawStage here: the proxy fence before the last unit's full_b arrive already
+          // follows every read of this raw stage.
           __syncwarp();
-          MbarArriveIf(bar_full_b + 8 * b_stage, lane == 0);
-          tr.Stop(kTrConvFence);
-          if (++b_stage == kBStages) { b_stage = 0; b_phase ^= 1; }
+          MbarArriveClusterIf(bar_empty_raw + 8 * r_stage, lane == 0);
+          if (++r_stage == kRawStages) { r_stage = 0; r_phase ^= 1; }
         }
-        // No ReleaseRawStage here: the proxy fence before the last unit's full_b arrive already
-        // follows every read of this raw stage.
-        __syncwarp();
-        MbarArriveClusterIf(bar_empty_raw + 8 * r_stage, lane == 0);
-        if (++r_stage == kRawStages) { r_stage = 0; r_phase ^= 1; }
       }
-    }
 #ifdef JGA_SM90_TRACE
-    tr.Add(kTrConvTotal, clock64() - conv_t0);
+      tr.Add(kTrConvTotal, clock64() - conv_t0);
 #endif
-    tr.Flush(p.trace, threadIdx.x == 128);
+      tr.Flush(p.trace, threadIdx.x == 128);
+    }
   } else {
     // ======================= the last two warpgroups: consumers =======================
     SetMaxNReg<R::kConsumerRegs>();

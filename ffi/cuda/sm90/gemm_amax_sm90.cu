@@ -119,7 +119,10 @@ __global__ void ResetKernel(float* amax, int n_amax, unsigned int* ready, int n_
 // 768x4096x4096 tile 256 unsplit (429-444 vs 424 with a tail split).
 // Candidates: every tile split S ways (S = 1: no split-K), or, when the last wave of tiles is
 // partial, the whole waves unsplit and only the last wave's tiles split (session 7). Only plans
-// whose workspace fits in `available` bytes are considered.
+// whose workspace fits in `available` bytes are considered. With B pre-converted (`preconvert`:
+// possible for this call), tile 256 unsplit costs 0.92 of itself (ncu, session 9: the GEMM 0.86-0.89,
+// the pass adding 0.03-0.07 at M = 4096-8192).
+constexpr double kPreconvertedCost = 0.92;
 struct Plan {
   int mi = 2;
   int splits = 1;
@@ -127,7 +130,7 @@ struct Plan {
   size_t ready_bytes = 0;  // split-K counters, at the start of the workspace; partials follow
 };
 
-Plan MakePlan(const GemmAmaxProblem& p, int sms, const LaunchOptions& opt, size_t available) {
+Plan MakePlan(const GemmAmaxProblem& p, int sms, const LaunchOptions& opt, size_t available, bool preconvert) {
   const long long tn = CeilDiv(CeilDiv(p.n, 128), kCluster) * kCluster;
   const long long nslabs = CeilDiv(p.operand_row_bytes(), 128);
   const long long units_per_slab = p.ab_type == OperandType::kE2M1x2 ? 4 : 2;
@@ -160,7 +163,8 @@ Plan MakePlan(const GemmAmaxProblem& p, int sms, const LaunchOptions& opt, size_
         const size_t need = static_cast<size_t>(splits - 1) * split_tiles * (128 * mi) * 128 * sizeof(float) + ready_bytes;
         if (splits > 1 && need > available) continue;
         const double cost = static_cast<double>(CeilDiv(whole, sms)) * wave_cost(1) +
-                            static_cast<double>(CeilDiv(split_tiles * splits, sms)) * wave_cost(splits);
+                            static_cast<double>(CeilDiv(split_tiles * splits, sms)) * wave_cost(splits) *
+                                (preconvert && mi == 2 && splits == 1 ? kPreconvertedCost : 1.0);
         if (best_cost < 0 || cost < best_cost * 0.98) {
           best_cost = cost;
           best.mi = mi;
@@ -204,9 +208,16 @@ size_t WorkspaceBytes(const GemmAmaxProblem& p) {
 }
 
 namespace {
-bool UsePreconvertedB(const GemmAmaxProblem& p, const Plan& plan, size_t workspace_bytes, const LaunchOptions& opt) {
-  if (opt.preconvert_b == 0 || plan.mi != 2 || plan.splits != 1 || workspace_bytes < PreconvertedBBytes(p)) return false;
+// Whether this call may pre-convert B (the plan decides whether it does: tile 256 unsplit only).
+bool PreconvertPossible(const GemmAmaxProblem& p, size_t workspace_bytes, const LaunchOptions& opt) {
+  if (opt.preconvert_b == 0 || workspace_bytes < PreconvertedBBytes(p)) return false;
   return opt.preconvert_b == 1 || p.m >= kPreconvertMinRows;
+}
+Plan PlanOf(const GemmAmaxProblem& p, int sms, const LaunchOptions& opt, size_t workspace_bytes, bool* preconvert_b) {
+  const bool possible = PreconvertPossible(p, workspace_bytes, opt);
+  const Plan plan = MakePlan(p, sms, opt, std::min(workspace_bytes, SplitWorkspaceBytes(p)), possible);
+  *preconvert_b = possible && plan.mi == 2 && plan.splits == 1;
+  return plan;
 }
 }  // namespace
 
@@ -228,9 +239,9 @@ cudaError_t LaunchWithOptions(const GemmAmaxProblem& p, const GemmAmaxBuffers& b
   if (err != cudaSuccess) return err;
   const int sms = SmCount(dev);
   if (workspace == nullptr) workspace_bytes = 0;
-  const Plan plan = MakePlan(p, sms, opt, std::min(workspace_bytes, SplitWorkspaceBytes(p)));
+  bool preconvert_b = false;
+  const Plan plan = PlanOf(p, sms, opt, workspace_bytes, &preconvert_b);
   const int mi = plan.mi;
-  const bool preconvert_b = UsePreconvertedB(p, plan, workspace_bytes, opt);
 
   LaunchCtx ctx;
   const uint64_t kbytes = static_cast<uint64_t>(p.operand_row_bytes());
@@ -336,11 +347,10 @@ cudaError_t PlanFor(const GemmAmaxProblem& p, size_t workspace_bytes, const Laun
   int dev = 0;
   const cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return err;
-  const Plan plan = MakePlan(p, SmCount(dev), opt, std::min(workspace_bytes, SplitWorkspaceBytes(p)));
+  const Plan plan = PlanOf(p, SmCount(dev), opt, workspace_bytes, &info->preconvert_b);
   info->tile_m = 128 * plan.mi;
   info->splits = plan.splits;
   info->whole_tiles = plan.whole_tiles;
-  info->preconvert_b = UsePreconvertedB(p, plan, workspace_bytes, opt);
   return cudaSuccess;
 }
 

@@ -31,8 +31,9 @@ def _custom_call_results(m, n, k, fmt="mxfp8_e4m3", sfv=32):
         (256, 8192, 8192, 512 + 1 * 256 * 8192 * 4),  # 128 counters (tile 128); one partial slot
         (300, 200, 64, 256 + 3 * 512 * 256 * 4),  # padded to 256x128 tiles
         (8192, 8192, 256, 64 * 64 * 4 + (1 << 22) * 4),  # many tiles: 16 MB of partials (a tail split)
-        (4096, 4096, 4096, 4096 * 4096 * 2),  # many rows: the BF16 B (32 MB) is larger
+        (4096, 4096, 4096, 2 * 4096 * 4096 * 2),  # many rows and columns: the BF16 B and A (64 MB) are larger
         (4096, 1000, 192, 32 * 8 * 4 + (1 << 22) * 4),  # BF16 B (1000 x 256 x 2) smaller than 16 MB
+        (1500, 4096, 8192, 1504 * 8192 * 2),  # many columns: the BF16 A (rows padded to 8) is larger
     ],
 )
 def test_workspace_is_a_third_result(m, n, k, workspace):
@@ -41,15 +42,15 @@ def test_workspace_is_a_third_result(m, n, k, workspace):
     assert _cuda_workspace_bytes(1, m, n, k, False) == workspace
 
 
-def test_workspace_holds_packed_fp4_b_in_bf16():
-    # K = 4096 packed in 2048 bytes per row: 16 slabs of 256 elements, 2 bytes each (32 MB > 16 MB).
+def test_workspace_holds_packed_fp4_operands_in_bf16():
+    # K = 4096 packed in 2048 bytes per row: 16 slabs of 256 elements, 2 bytes each (32 MB each).
     results = _custom_call_results(4096, 4096, 4096, fmt="nvfp4", sfv=16)
-    assert results.endswith(f"tensor<{4096 * 4096 * 2}xui8>"), results
-    assert _cuda_workspace_bytes(1, 4096, 4096, 2048, True) == 4096 * 4096 * 2
+    assert results.endswith(f"tensor<{2 * 4096 * 4096 * 2}xui8>"), results
+    assert _cuda_workspace_bytes(1, 4096, 4096, 2048, True) == 2 * 4096 * 4096 * 2
 
 
-def test_preconverted_b_can_be_withheld(monkeypatch):
-    monkeypatch.setenv("JAX_GEMM_AMAX_PRECONVERT_B", "0")
+def test_preconverted_operands_can_be_withheld(monkeypatch):
+    monkeypatch.setenv("JAX_GEMM_AMAX_PRECONVERT", "0")
     assert _cuda_workspace_bytes(1, 4096, 4096, 4096, False) == 32 * 32 * 4 + (1 << 22) * 4
     results = _custom_call_results(4096, 4096, 256)
     assert results.endswith(f"tensor<{32 * 32 * 4 + (1 << 22) * 4}xui8>"), results
@@ -58,5 +59,5 @@ def test_preconverted_b_can_be_withheld(monkeypatch):
 def test_workspace_counts_every_batch_item():
     # 4 items of 256x512: 4 x 2 x 4 = 32 counters (128 bytes, one 256-byte block) and 3 slots.
     assert _cuda_workspace_bytes(4, 256, 512, 512, False) == 256 + 3 * 4 * 256 * 512 * 4
-    # 2 items with 4096 rows: the BF16 B of both.
-    assert _cuda_workspace_bytes(2, 4096, 4096, 4096, False) == 2 * 4096 * 4096 * 2
+    # 2 items of 4096 x 4096: the BF16 B and A of both.
+    assert _cuda_workspace_bytes(2, 4096, 4096, 4096, False) == 2 * 2 * 4096 * 4096 * 2

@@ -250,21 +250,25 @@ def test_every_element_of_a_long_run(fmt, m, n, k):
         np.testing.assert_allclose(float(amax), float(ref_amax), rtol=1e-5)
 
 
-@pytest.mark.skipif(jax.default_backend() != "gpu", reason="the SM90 kernel's two ways of converting B")
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="the SM90 kernel's two ways of converting operands")
 @pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp4", "nvfp4"])
-def test_preconverted_b_matches_in_kernel_conversion(fmt, monkeypatch):
-    """With M >= 4096 the SM90 kernel converts B to BF16 in a pass of its own and the GEMM loads it;
-    JAX_GEMM_AMAX_PRECONVERT_B=0 (read at lowering) keeps the conversion inside the GEMM. The same
-    BF16 values meet the same WGMMAs either way: f32 C must agree bit for bit (K tail, partial
-    column tile), and with the float32 product."""
-    m, n, k = 4096, 200, 352
+@pytest.mark.parametrize("m,n", [(4100, 2200), (1996, 4100), (4100, 4100)], ids=["B", "A", "AB"])
+def test_preconverted_operands_match_in_kernel_conversion(fmt, m, n, monkeypatch):
+    """The SM90 kernel converts B (M >= 4096) and A (N >= 4096) to BF16 in passes of their own when
+    its plan is tile 256 unsplit, and loads them; JAX_GEMM_AMAX_PRECONVERT=0 (read at lowering)
+    keeps both conversions inside the GEMM. The same BF16 values meet the same WGMMAs either way
+    (A from shared memory instead of registers): f32 C must agree bit for bit (K tail, partial
+    tiles, M not a multiple of 8), and with the float64 product. The shapes are ones whose plan is
+    tile 256 unsplit on a 132-SM H200 (few tiles would take split-K or tile 128, and nothing would
+    be pre-converted)."""
+    k = 352
     sfv = 16 if fmt == "nvfp4" else 32
     kx, kw = jax.random.split(jax.random.key(11))
     qa, sfa = jga.quantize(jax.random.normal(kx, (m, k), jnp.float32), fmt)
     qb, sfb = jga.quantize(jax.random.normal(kw, (n, k), jnp.float32), fmt)
     results = {}
     for setting in ("1", "0"):
-        monkeypatch.setenv("JAX_GEMM_AMAX_PRECONVERT_B", setting)
+        monkeypatch.setenv("JAX_GEMM_AMAX_PRECONVERT", setting)
         run = jax.jit(lambda *x: jga.gemm_amax(*x, c_dtype=jnp.float32, sf_vec_size=sfv))  # traced anew
         results[setting] = run(qa, qb, sfa, sfb)
     np.testing.assert_array_equal(np.asarray(results["1"].c), np.asarray(results["0"].c))

@@ -65,7 +65,7 @@ bool EncodeOperandMap(CUtensorMap* map, const void* ptr, uint64_t kbytes, uint64
 }  // namespace
 
 int& MaxActiveClusters(int device, int variant, int mi, int kind) {
-  static int table[kMaxDevices][5][2][3] = {};
+  static int table[kMaxDevices][5][2][kKernelKinds] = {};
   return table[device][variant][mi - 1][kind];
 }
 
@@ -180,10 +180,21 @@ Plan MakePlan(const GemmAmaxProblem& p, int sms, const LaunchOptions& opt, size_
 
 }  // namespace
 
-size_t PreconvertedBBytes(const GemmAmaxProblem& p) {
-  // Per row: every 128-byte slab of codes becomes kUnitsPerSlab units of 64 BF16 values.
+namespace {
+// Bytes of one row of a pre-converted operand: every 128-byte slab of codes becomes kUnitsPerSlab
+// units of 64 BF16 values.
+long long PreconvertedRowBytes(const GemmAmaxProblem& p) {
   const long long units_per_slab = p.ab_type == OperandType::kE2M1x2 ? 4 : 2;
-  return static_cast<size_t>(p.batch * p.n * CeilDiv(p.operand_row_bytes(), 128) * units_per_slab * 128);
+  return CeilDiv(p.operand_row_bytes(), 128) * units_per_slab * 128;
+}
+long long PreconvertedARows(const GemmAmaxProblem& p) { return CeilDiv(p.m, 8) * 8; }
+}  // namespace
+
+size_t PreconvertedBBytes(const GemmAmaxProblem& p) {
+  return static_cast<size_t>(p.batch * p.n * PreconvertedRowBytes(p));
+}
+size_t PreconvertedABytes(const GemmAmaxProblem& p) {
+  return static_cast<size_t>(p.batch * PreconvertedARows(p) * PreconvertedRowBytes(p));
 }
 
 namespace {
@@ -198,26 +209,58 @@ size_t SplitWorkspaceBytes(const GemmAmaxProblem& p) {
 }
 }  // namespace
 
+namespace {
+bool OfferB(const GemmAmaxProblem& p) {
+  return p.m >= kPreconvertBMinM && PreconvertedBBytes(p) <= static_cast<size_t>(kPreconvertMaxBytes);
+}
+bool OfferA(const GemmAmaxProblem& p) {
+  return p.n >= kPreconvertAMinN && PreconvertedABytes(p) <= static_cast<size_t>(kPreconvertMaxBytes);
+}
+}  // namespace
+
 size_t WorkspaceBytes(const GemmAmaxProblem& p) {
   // Mirrored by primitive.py (_cuda_workspace_bytes); a smaller workspace only narrows the plans.
-  // The split-K workspace, or the BF16 B if larger (no call uses both).
-  const size_t split_bytes = SplitWorkspaceBytes(p);
-  const size_t b_bytes = PreconvertedBBytes(p);
-  const bool offer_b = p.m >= kPreconvertMinRows && b_bytes <= static_cast<size_t>(kPreconvertMaxBytes);
-  return offer_b ? std::max(split_bytes, b_bytes) : split_bytes;
+  // The split-K workspace, or the BF16 copies if larger (no call uses both).
+  const size_t copies = (OfferB(p) ? PreconvertedBBytes(p) : 0) + (OfferA(p) ? PreconvertedABytes(p) : 0);
+  return std::max(SplitWorkspaceBytes(p), copies);
 }
 
 namespace {
-// Whether this call may pre-convert B (the plan decides whether it does: tile 256 unsplit only).
-bool PreconvertPossible(const GemmAmaxProblem& p, size_t workspace_bytes, const LaunchOptions& opt) {
-  if (opt.preconvert_b == 0 || workspace_bytes < PreconvertedBBytes(p)) return false;
-  return opt.preconvert_b == 1 || p.m >= kPreconvertMinRows;
+// Which operands this call may pre-convert (kPreA | kPreB; the plan decides whether it does: tile
+// 256 unsplit only): those the options or the size rule ask for, if the workspace holds them (B'
+// at its start, A' after it); A is given up first.
+int PreconvertPossible(const GemmAmaxProblem& p, size_t workspace_bytes, const LaunchOptions& opt) {
+  const bool want_b = opt.preconvert_b == 1 || (opt.preconvert_b < 0 && OfferB(p));
+  const bool want_a = opt.preconvert_a == 1 || (opt.preconvert_a < 0 && OfferA(p));
+  const size_t b = want_b ? PreconvertedBBytes(p) : 0, a = want_a ? PreconvertedABytes(p) : 0;
+  if (workspace_bytes >= a + b) return (want_a ? kPreA : 0) | (want_b ? kPreB : 0);
+  if (want_b && workspace_bytes >= b) return kPreB;
+  return 0;
 }
-Plan PlanOf(const GemmAmaxProblem& p, int sms, const LaunchOptions& opt, size_t workspace_bytes, bool* preconvert_b) {
-  const bool possible = PreconvertPossible(p, workspace_bytes, opt);
-  const Plan plan = MakePlan(p, sms, opt, std::min(workspace_bytes, SplitWorkspaceBytes(p)), possible);
-  *preconvert_b = possible && plan.mi == 2 && plan.splits == 1;
+Plan PlanOf(const GemmAmaxProblem& p, int sms, const LaunchOptions& opt, size_t workspace_bytes, int* pre) {
+  const int possible = PreconvertPossible(p, workspace_bytes, opt);
+  const Plan plan = MakePlan(p, sms, opt, std::min(workspace_bytes, SplitWorkspaceBytes(p)), possible != 0);
+  *pre = (plan.mi == 2 && plan.splits == 1) ? possible : 0;
   return plan;
+}
+
+// A PreconvertKernel pass over one operand (A: rows permuted into the consumers' fragment order).
+PreconvertParams PreconvertPass(const GemmAmaxProblem& p, const void* codes, const void* sf, long long sf_batch_stride,
+                                long long rows, bool is_a, void* out) {
+  PreconvertParams q;
+  q.codes = static_cast<const uint8_t*>(codes);
+  q.sf = static_cast<const uint8_t*>(sf);
+  q.out = static_cast<uint8_t*>(out);
+  q.sf_batch_stride = sf_batch_stride;
+  q.row_bytes = p.operand_row_bytes();
+  q.rows = static_cast<int>(rows);
+  q.l = static_cast<int>(p.batch);
+  q.units_per_row = static_cast<int>(PreconvertedRowBytes(p) / 128);
+  q.k_groups = static_cast<int>(p.k_groups());
+  q.k_blocks = static_cast<int>(p.k_blocks());
+  q.out_rows = static_cast<int>(is_a ? PreconvertedARows(p) : rows);
+  q.frag_order = is_a ? 1 : 0;
+  return q;
 }
 }  // namespace
 
@@ -239,18 +282,23 @@ cudaError_t LaunchWithOptions(const GemmAmaxProblem& p, const GemmAmaxBuffers& b
   if (err != cudaSuccess) return err;
   const int sms = SmCount(dev);
   if (workspace == nullptr) workspace_bytes = 0;
-  bool preconvert_b = false;
-  const Plan plan = PlanOf(p, sms, opt, workspace_bytes, &preconvert_b);
+  int pre = 0;
+  const Plan plan = PlanOf(p, sms, opt, workspace_bytes, &pre);
   const int mi = plan.mi;
 
   LaunchCtx ctx;
   const uint64_t kbytes = static_cast<uint64_t>(p.operand_row_bytes());
   const uint32_t box_a = std::min(128 * mi / kAShare, kBoxRows), box_b = std::min(128, kBoxRows);
-  if (!EncodeOperandMap(&ctx.tm_a, buf.a, kbytes, p.m, p.batch, box_a)) return cudaErrorInvalidValue;
-  // B as codes, or (pre-converted) as BF16 units of 128 bytes in the workspace.
-  const uint64_t b_row_bytes = preconvert_b ? PreconvertedBBytes(p) / (p.batch * p.n) : kbytes;
-  if (!EncodeOperandMap(&ctx.tm_b, preconvert_b ? workspace : buf.b, b_row_bytes, p.n, p.batch, box_b))
-    return cudaErrorInvalidValue;
+  // The operands as codes, or (pre-converted) as BF16 units of 128 bytes in the workspace: B' at
+  // its start, A' after it.
+  uint8_t* const b_conv = static_cast<uint8_t*>(workspace);
+  uint8_t* const a_conv = b_conv + ((pre & kPreB) ? PreconvertedBBytes(p) : 0);
+  const uint64_t conv_row_bytes = static_cast<uint64_t>(PreconvertedRowBytes(p));
+  const bool ok_a = (pre & kPreA) ? EncodeOperandMap(&ctx.tm_a, a_conv, conv_row_bytes, PreconvertedARows(p), p.batch, box_a)
+                                  : EncodeOperandMap(&ctx.tm_a, buf.a, kbytes, p.m, p.batch, box_a);
+  const bool ok_b = (pre & kPreB) ? EncodeOperandMap(&ctx.tm_b, b_conv, conv_row_bytes, p.n, p.batch, box_b)
+                                  : EncodeOperandMap(&ctx.tm_b, buf.b, kbytes, p.n, p.batch, box_b);
+  if (!ok_a || !ok_b) return cudaErrorInvalidValue;
 
   KParams& k = ctx.params;
   k.m = static_cast<int>(p.m);
@@ -283,20 +331,9 @@ cudaError_t LaunchWithOptions(const GemmAmaxProblem& p, const GemmAmaxBuffers& b
   k.partials = plan.splits > 1 ? reinterpret_cast<float*>(static_cast<uint8_t*>(workspace) + plan.ready_bytes) : nullptr;
   ctx.grid = std::min(k.units_total, sms / kCluster) * kCluster;
   ctx.mi = mi;
-  ctx.preconvert_b = preconvert_b;
-  if (preconvert_b) {
-    PreconvertParams& q = ctx.pre;
-    q.b = static_cast<const uint8_t*>(buf.b);
-    q.sfb = k.sfb;
-    q.out = static_cast<uint8_t*>(workspace);
-    q.sfb_batch_stride = k.sfb_batch_stride;
-    q.row_bytes = p.operand_row_bytes();
-    q.n = k.n;
-    q.l = k.l;
-    q.units_per_row = static_cast<int>(b_row_bytes / 128);
-    q.k_groups = k.k_groups;
-    q.k_blocks = k.k_blocks;
-  }
+  ctx.pre = pre;
+  if (pre & kPreB) ctx.pre_b = PreconvertPass(p, buf.b, buf.sfb, k.sfb_batch_stride, p.n, false, b_conv);
+  if (pre & kPreA) ctx.pre_a = PreconvertPass(p, buf.a, buf.sfa, k.sfa_batch_stride, p.m, true, a_conv);
   ctx.device = dev;
   ctx.stream = stream;
 
@@ -347,7 +384,10 @@ cudaError_t PlanFor(const GemmAmaxProblem& p, size_t workspace_bytes, const Laun
   int dev = 0;
   const cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return err;
-  const Plan plan = PlanOf(p, SmCount(dev), opt, workspace_bytes, &info->preconvert_b);
+  int pre = 0;
+  const Plan plan = PlanOf(p, SmCount(dev), opt, workspace_bytes, &pre);
+  info->preconvert_a = (pre & kPreA) != 0;
+  info->preconvert_b = (pre & kPreB) != 0;
   info->tile_m = 128 * plan.mi;
   info->splits = plan.splits;
   info->whole_tiles = plan.whole_tiles;

@@ -27,14 +27,17 @@ bool Prepared();
 // irrelevant.
 constexpr int kMaxSplits = 4;
 constexpr long long kSplitMaxElems = 1ll << 22;  // fp32 elements of partial tiles, at most
-// Problems with many rows (M >= kPreconvertMinRows) and tile-256 unsplit plans convert B to BF16
-// once per call in a pass of its own (PreconvertBKernel, memory-bound) instead of once per tile
-// inside the GEMM, where it costs ~25% of the time at 8192^3; the BF16 copy of B lives in the
-// workspace (PreconvertedBBytes: 2 bytes per element, K padded to a slab), offered when it is at
-// most kPreconvertMaxBytes. The workspace is then the larger of that and the split-K one.
-constexpr long long kPreconvertMinRows = 4096;
+// Tile-256 unsplit plans may convert an operand to BF16 once per call in a pass of its own
+// (PreconvertKernel, memory-bound) instead of once per tile inside the GEMM: B when there are many
+// rows (M >= kPreconvertBMinM; the pass costs ~ N x K, the GEMM saves ~ M x N x K), A when there
+// are many columns (N >= kPreconvertAMinN). The BF16 copies live in the workspace (B' first, then
+// A'; 2 bytes per element, K padded to a slab, A's rows to 8), each offered when it is at most
+// kPreconvertMaxBytes. The workspace is then the larger of the copies and the split-K one.
+constexpr long long kPreconvertBMinM = 4096;
+constexpr long long kPreconvertAMinN = 4096;
 constexpr long long kPreconvertMaxBytes = 1ll << 30;
 size_t PreconvertedBBytes(const GemmAmaxProblem& p);
+size_t PreconvertedABytes(const GemmAmaxProblem& p);
 size_t WorkspaceBytes(const GemmAmaxProblem& p);
 
 // Enqueues the whole operation on `stream` (amax reset included). No host sync, no allocation,
@@ -48,8 +51,9 @@ struct LaunchOptions {
   int force_tile_m = 0;    // 0: heuristic; 128 or 256 forces the CTA tile height
   int force_splits = 0;    // 0: heuristic; >= 1 forces the split-K factor (capped at the K slabs)
   int force_whole_tiles = -1;  // with force_splits > 1: this many tiles run unsplit first (< tiles)
-  int preconvert_b = -1;   // -1: by problem size (see kPreconvertMinRows); 0: never; 1: whenever the plan
+  int preconvert_b = -1;   // -1: by problem size (see kPreconvertBMinM); 0: never; 1: whenever the plan
                            // is tile 256 unsplit and the workspace holds the BF16 B
+  int preconvert_a = -1;   // the same for A (kPreconvertAMinN)
   int experiment_flags = 0;  // internal timing experiments (see sm90_kernel.cuh kFlag*); results are wrong
   unsigned long long* trace = nullptr;  // device counters, used by -DJGA_SM90_TRACE builds only
 };
@@ -58,7 +62,7 @@ cudaError_t LaunchWithOptions(const GemmAmaxProblem& p, const GemmAmaxBuffers& b
 // The plan a launch with `workspace_bytes` of workspace picks on the current device (for reports).
 struct PlanInfo {
   int tile_m = 0, splits = 0, whole_tiles = 0;  // whole_tiles: tiles run unsplit before the split ones
-  bool preconvert_b = false;
+  bool preconvert_a = false, preconvert_b = false;
 };
 cudaError_t PlanFor(const GemmAmaxProblem& p, size_t workspace_bytes, const LaunchOptions& opt, PlanInfo* info);
 

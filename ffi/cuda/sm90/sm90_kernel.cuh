@@ -19,10 +19,11 @@
 //     a real (not unrolled) unit loop.
 //   * K is permuted consistently for A and B inside each 64-K unit so that every thread reads
 //     16 contiguous bytes of A per row (one LDS.128) and the converter writes whole 16-byte chunks.
-//   * Pre-converted B (kPreB, tile 256 unsplit, problems with M >= 4096): PreconvertBKernel writes B
-//     as BF16 in the converter's K order into the workspace first (memory-bound: 54 us for 8192 x
-//     8192 fp8 codes), the producer TMA-loads it straight into the BF16 B buffers and the converter
-//     warpgroup idles. Converting B per tile costs ~12% of the GEMM (ncu, 8192^3: 1.72 ms vs 1.52).
+//   * Pre-converted operands (kPre, tile 256 unsplit, problems with many rows (B) or columns (A)):
+//     PreconvertKernel writes the operand as BF16 in the converter's K order into the workspace
+//     first (memory-bound: 54 us for 8192 x 8192 fp8 codes); the producer TMA-loads it per 64-K unit
+//     into BF16 buffers. B: the converter warpgroup idles (converting B per tile costs ~12% of the
+//     GEMM, ncu, 8192^3: 1.72 ms vs 1.52). A: the consumers run SS WGMMAs instead of converting.
 //   * CTA tile: (128*MI) x 128 (MI = 1 or 2, picked by the host's cost model). A work unit is a
 //     tile, or, in the kSplitK kernels (problems with few tiles), one of `splits` K ranges of a
 //     tile: the other splits hand fp32 partial tiles to the last one through a device workspace.
@@ -47,7 +48,7 @@
 
 #include "common/numerics.h"
 #include "common/problem.h"
-#include "cuda/sm90/wgmma_rs.h"
+#include "cuda/sm90/wgmma.h"
 
 namespace jga {
 namespace sm90 {
@@ -179,34 +180,46 @@ constexpr int kBN = 128;
 // Epilogue staging buffer of each of the 8 consumer warps (see Epilogue).
 constexpr int kStageBytesPerWarp = 1024;
 
-// kPreB: B arrives as BF16 (converted by PreconvertBKernel), loaded by TMA straight into the BF16 B
-// buffers; the raw stages hold A and its scales only, which leaves room for deeper rings.
-template <int V, int MI, bool kPreB = false>
+// Operands pre-converted to BF16 (kPre bits, see PreconvertKernel): kPreB = 1, kPreA = 2. A
+// pre-converted operand arrives by TMA straight into a ring of BF16 unit buffers (B: the converter's
+// buffers, A: buffers the consumers read with SS WGMMAs); the raw stages hold only what is still
+// converted in the kernel, which leaves room for deeper rings.
+constexpr int kPreB = 1, kPreA = 2;
+template <int V, int MI, int kPre = 0>
 struct Smem {
   using Tr = VariantTraits<V>;
+  static constexpr bool kPreconvertedA = (kPre & kPreA) != 0, kPreconvertedB = (kPre & kPreB) != 0;
   static constexpr int kBM = 128 * MI;
-  static constexpr int kRawStages = (MI == 2 && !kPreB) ? 3 : 4;
-  static constexpr int kRawA = kBM * 128;
-  static constexpr int kRawB = kPreB ? 0 : kBN * 128;
+  static constexpr int kRawStages = (kPreconvertedA && kPreconvertedB) ? 0
+                                    : kPreconvertedB                  ? 4
+                                    : kPreconvertedA                  ? 3
+                                                                      : (MI == 2 ? 3 : 4);
+  static constexpr int kRawA = kPreconvertedA ? 0 : kBM * 128;
+  static constexpr int kRawB = kPreconvertedB ? 0 : kBN * 128;
   static constexpr int kBufB = kBN * 128;  // bf16 B of one 64-K unit: 128 rows x 128 bytes
-  static constexpr int kSfA = MI * Tr::kScaleBlocksPerSlab * 512;
-  static constexpr int kSfB = kPreB ? 0 : Tr::kScaleBlocksPerSlab * 512;
+  static constexpr int kBufA = kPreconvertedA ? kBM * 128 : 0;  // bf16 A of one 64-K unit
+  static constexpr int kAStages = kPreconvertedA ? (kPreconvertedB ? 4 : 3) : 0;
+  static constexpr int kSfA = kPreconvertedA ? 0 : MI * Tr::kScaleBlocksPerSlab * 512;
+  static constexpr int kSfB = kPreconvertedB ? 0 : Tr::kScaleBlocksPerSlab * 512;
   static constexpr int kRawBytes = kRawStages * (kRawA + kRawB + kSfA + kSfB);
   static constexpr int kFixedBytes = 1024 + 256 + 8 * kStageBytesPerWarp;  // alignment slack, barriers, epilogue
-  static constexpr int kBStages = (kPreB && kRawBytes + 5 * kBufB + kFixedBytes <= 227 * 1024) ? 5
-                                  : (kRawBytes + 4 * kBufB + kFixedBytes <= 227 * 1024)         ? 4
-                                                                                                : 3;
+  static constexpr int kUsed = kRawBytes + kAStages * kBufA + kFixedBytes;
+  static constexpr int kBStages = (kPreconvertedB && kUsed + 5 * kBufB <= 227 * 1024) ? 5
+                                  : (kUsed + 4 * kBufB <= 227 * 1024)                 ? 4
+                                                                                      : 3;
   static constexpr int kOffRawA = 0;
   static constexpr int kOffRawB = kOffRawA + kRawStages * kRawA;
   static constexpr int kOffBufB = kOffRawB + kRawStages * kRawB;
-  static constexpr int kOffSfA = kOffBufB + kBStages * kBufB;
+  static constexpr int kOffBufA = kOffBufB + kBStages * kBufB;
+  static constexpr int kOffSfA = kOffBufA + kAStages * kBufA;
   static constexpr int kOffSfB = kOffSfA + kRawStages * kSfA;
   static constexpr int kOffBar = kOffSfB + kRawStages * kSfB;
-  static constexpr int kNumBars = 2 * kRawStages + 2 * kBStages;
+  static constexpr int kNumBars = 2 * (kRawStages + kBStages + kAStages);
   static constexpr int kOffStage = (kOffBar + kNumBars * 8 + 127) / 128 * 128;  // epilogue staging, 1 KB per consumer warp
   static constexpr int kBytes = kOffStage + 8 * kStageBytesPerWarp;
   static constexpr int kDynBytes = kBytes + 1024;  // slack for 1024-byte alignment
   static constexpr uint32_t kTxBytes = kRawA + kRawB + kSfA + kSfB;
+  static_assert(kDynBytes <= 227 * 1024, "shared memory budget");
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -328,6 +341,13 @@ __device__ __forceinline__ void ReleaseRawStage(uint32_t bar, int lane) {
   FenceProxyAsync();
   __syncwarp();
   MbarArriveClusterIf(bar, lane == 0);
+}
+// WGMMA descriptor of a 128B-swizzled K-major tile in shared memory (rows of 128 bytes, 8-row groups
+// of 1024 bytes): start address / 16 (1024-aligned tiles below 2^18, so adding k-step offsets never
+// carries out of the field), leading byte offset 1 (unused with 128B swizzle), stride 1024 B / 16,
+// swizzle mode 1 (128B). K-step s (16 bf16) starts 32 bytes, 2 descriptor units, further.
+__device__ __forceinline__ uint64_t SmemDesc128B(uint32_t addr) {
+  return static_cast<uint64_t>(addr >> 4) | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
 }
 __device__ __forceinline__ void WgmmaFence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void WgmmaCommit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
@@ -736,12 +756,12 @@ __device__ __forceinline__ int GroupInSlab(int ui, int t) {
 }
 
 // B conversion of one row's 64-K unit ui of a slab (value x scale -> BF16, exact), shared by the
-// converter warpgroup and PreconvertBKernel. In: the unit's codes (fp8: 16-byte chunks 4ui + t of
+// converter warpgroup and PreconvertKernel. In: the unit's codes (fp8: 16-byte chunks 4ui + t of
 // the slab row, t < 4, as words codes[4t + s]; fp4: 8-byte half ui & 1 of chunks 4(ui >> 1) + t, as
 // codes[2t + w]), the scale bytes of its groups (fp8: group 2ui + gi in sf[gi], gi < 2; fp4: group
 // GroupInSlab(ui, t) in sf[t]) and whether each group lies within K. Out: the unit's eight 16-byte
 // BF16 chunks in the consumers' K order, handed to store(chunk, x, y, z, w). The converter puts
-// chunk c of row r at c ^ (r & 7) of the row (128B swizzle); PreconvertBKernel writes it at c, and
+// chunk c of row r at c ^ (r & 7) of the row (128B swizzle); PreconvertKernel writes it at c, and
 // a 128B-swizzled TMA load of 128-byte rows puts it where the converter would.
 // Must be called by whole warps (a vote picks the rare two-multiply path).
 template <int V, class Store>
@@ -827,34 +847,42 @@ __device__ __forceinline__ void ConvertBUnit(const uint32_t (&codes)[16], const 
   }
 }
 
-// B (codes x scales) -> BF16 in global memory, once per call, for the kPreB GEMM kernels: row n of
-// batch item l becomes units_per_row 128-byte units (unit u: K elements 64u..64u+63 in the
-// consumers' order, see ConvertBUnit; zeros past K). One thread per (l, n, u), u fastest, so a
-// warp's units are 4 KB of consecutive output: they are staged in shared memory (chunks
-// XOR-swizzled, conflict-free) and stored as whole 512-byte spans per instruction (stored straight
-// from each thread, every instruction wrote 16 bytes into each of 32 lines: 144 us at 8192^3, ncu).
+// An operand (codes x scales) -> BF16 in global memory, once per call, for the kPre GEMM kernels:
+// row r of batch item l becomes units_per_row 128-byte units (unit u: K elements 64u..64u+63 in
+// the consumers' order, see ConvertBUnit; zeros past K), at output row r (B) or, for A, at the row
+// of its 8-row group that the consumers' SS WGMMA reads as fragment row FragRow^-1(r % 8), so that
+// the accumulators hold the same rows as with A converted in registers (the epilogue is shared).
+// One thread per (l, r, u), u fastest, so a warp's units are mostly 4 KB of consecutive output:
+// they are staged in shared memory (chunks XOR-swizzled, conflict-free) and stored 16 bytes per
+// lane, 512 bytes per instruction (stored straight from each thread, every instruction wrote 16
+// bytes into each of 32 lines: 144 us for B at 8192^3, ncu; staged: 54.5 us).
 struct PreconvertParams {
-  const uint8_t* b;
-  const uint8_t* sfb;
+  const uint8_t* codes;
+  const uint8_t* sf;
   uint8_t* out;
-  long long sfb_batch_stride;
-  long long row_bytes;  // bytes of K per row of b
-  int n, l, units_per_row, k_groups, k_blocks;
+  long long sf_batch_stride;
+  long long row_bytes;  // bytes of K per row of codes
+  int rows, l, units_per_row, k_groups, k_blocks;
+  int out_rows;         // rows per batch item of out: rows (B) or rows rounded up to 8 (A)
+  int frag_order;       // 1: A (rows permuted within 8-row groups, as above)
 };
+__device__ __forceinline__ int FragOrderRow(int r) {  // the inverse of FragRow within an 8-row group
+  return (r & ~7) | ((r & 3) << 1) | ((r >> 2) & 1);
+}
 template <int V>
-__global__ void __launch_bounds__(256) PreconvertBKernel(const PreconvertParams q) {
+__global__ void __launch_bounds__(256) PreconvertKernel(const PreconvertParams q) {
   using Tr = VariantTraits<V>;
   // Lets the GEMM (launched as this kernel's programmatic dependent) start its prologue; its
-  // producer waits for this grid (griddepcontrol.wait) before it loads B.
+  // producer waits for this grid (griddepcontrol.wait) before it loads the BF16 operand(s).
   asm volatile("griddepcontrol.launch_dependents;");
   const long long i = blockIdx.x * 256ll + threadIdx.x;
-  const long long total = static_cast<long long>(q.l) * q.n * q.units_per_row;
+  const long long total = static_cast<long long>(q.l) * q.rows * q.units_per_row;
   const bool live = i < total;  // dead lanes still vote in ConvertBUnit
-  const long long row_id = live ? i / q.units_per_row : 0;  // l * n + row
+  const long long row_id = live ? i / q.units_per_row : 0;  // l * rows + row
   const int u = live ? static_cast<int>(i - row_id * q.units_per_row) : 0;
-  const int row = static_cast<int>(row_id % q.n), l = static_cast<int>(row_id / q.n);
+  const int row = static_cast<int>(row_id % q.rows), l = static_cast<int>(row_id / q.rows);
   const int slab = u / Tr::kUnitsPerSlab, ui = u % Tr::kUnitsPerSlab;
-  const uint8_t* src = q.b + row_id * q.row_bytes + slab * 128ll;
+  const uint8_t* src = q.codes + row_id * q.row_bytes + slab * 128ll;
   uint32_t codes[16] = {};
   uint32_t sf[4] = {};
   bool valid[4] = {};
@@ -870,13 +898,13 @@ __global__ void __launch_bounds__(256) PreconvertBKernel(const PreconvertParams 
       codes[2 * t] = v.x; codes[2 * t + 1] = v.y;
     }
   }
-  const uint8_t* sfb = q.sfb + l * q.sfb_batch_stride + static_cast<long long>(row >> 7) * q.k_blocks * 512;
+  const uint8_t* sfr = q.sf + l * q.sf_batch_stride + static_cast<long long>(row >> 7) * q.k_blocks * 512;
 #pragma unroll
   for (int j = 0; j < (Tr::kFp4 ? 4 : 2); ++j) {
     const int gis = Tr::kFp4 ? GroupInSlab<V>(ui, j) : 2 * ui + j;
     const int group = slab * Tr::kGroupsPerSlab + gis;
     valid[j] = live && group < q.k_groups;
-    if (valid[j]) sf[j] = __ldg(sfb + (group >> 2) * 512 + SfInBlock(row, group & 3));
+    if (valid[j]) sf[j] = __ldg(sfr + (group >> 2) * 512 + SfInBlock(row, group & 3));
   }
   __shared__ __align__(16) uint4 stage[8][32 * 8];  // per warp: 32 units x 8 chunks
   const int lane = threadIdx.x & 31;
@@ -889,18 +917,27 @@ __global__ void __launch_bounds__(256) PreconvertBKernel(const PreconvertParams 
 #pragma unroll
   for (int r = 0; r < 8; ++r) {
     const int c = r * 32 + lane, unit = c >> 3;  // 16-byte chunk c of the warp's 4 KB
-    if (warp_first + unit < total)
-      reinterpret_cast<uint4*>(q.out)[(warp_first + unit) * 8 + (c & 7)] = ws[unit * 8 + ((c & 7) ^ (unit & 7))];
+    const long long v = warp_first + unit;       // its unit, in input order
+    if (v >= total) continue;
+    const long long v_row = v / q.units_per_row;  // l * rows + row of unit v
+    const int v_r = static_cast<int>(v_row % q.rows), v_l = static_cast<int>(v_row / q.rows);
+    const int out_r = q.frag_order ? FragOrderRow(v_r) : v_r;
+    const long long dst = ((static_cast<long long>(v_l) * q.out_rows + out_r) * q.units_per_row + (v - v_row * q.units_per_row));
+    reinterpret_cast<uint4*>(q.out)[dst * 8 + (c & 7)] = ws[unit * 8 + ((c & 7) ^ (unit & 7))];
   }
 }
 
-// kPreB: tm_b maps PreconvertBKernel's BF16 B (128-byte units) instead of the codes; the producer
-// loads it into the BF16 B buffers and the converter warpgroup idles.
-template <int V, int MI, bool kSplitK, bool kPreB>
+// kPre (kPreA | kPreB bits): tm_a / tm_b map PreconvertKernel's BF16 operand (128-byte units)
+// instead of the codes; the producer loads it per unit into BF16 buffers. Pre-converted B: the
+// converter warpgroup idles. Pre-converted A: the consumers run SS WGMMAs on the A buffers instead
+// of converting A into registers.
+template <int V, int MI, bool kSplitK, int kPre>
 __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
     GemmAmaxKernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_b, const KParams p) {
   using Tr = VariantTraits<V>;
-  using S = Smem<V, MI, kPreB>;
+  using S = Smem<V, MI, kPre>;
+  constexpr bool kPreconvertedA = S::kPreconvertedA, kPreconvertedB = S::kPreconvertedB;
+  constexpr int kAStages = S::kAStages;
   constexpr int kBM = S::kBM;
   constexpr int kRawStages = S::kRawStages;
   constexpr int kBStages = S::kBStages;
@@ -917,6 +954,8 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
   const uint32_t bar_empty_raw = bar_full_raw + 8 * kRawStages;
   const uint32_t bar_full_b = bar_empty_raw + 8 * kRawStages;
   const uint32_t bar_empty_b = bar_full_b + 8 * kBStages;
+  const uint32_t bar_full_a = bar_empty_b + 8 * kBStages;  // pre-converted A only
+  const uint32_t bar_empty_a = bar_full_a + 8 * kAStages;
 
   // Broadcast from lane 0 so that ptxas can prove the role branches warp-uniform: WGMMA inside a
   // path it considers divergent gets serialized (a wait after every instruction, ptxas C7518).
@@ -930,11 +969,15 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&tm_b)) : "memory");
     for (int s = 0; s < kRawStages; ++s) {
       MbarInit(bar_full_raw + 8 * s, 1);
-      // consumer (+ converter) warps
-      MbarInit(bar_empty_raw + 8 * s, (8 + (kPreB ? 0 : 4 * R::kConverterWGs)) * kAShare);
+      // the warps that read the stage: consumers (A codes), converters (B codes)
+      MbarInit(bar_empty_raw + 8 * s, ((kPreconvertedA ? 0 : 8) + (kPreconvertedB ? 0 : 4 * R::kConverterWGs)) * kAShare);
+    }
+    for (int s = 0; s < kAStages; ++s) {
+      MbarInit(bar_full_a + 8 * s, 1);  // the producer's arrive (+ TMA bytes)
+      MbarInit(bar_empty_a + 8 * s, 8);  // the consumer warps
     }
     for (int s = 0; s < kBStages; ++s) {
-      MbarInit(bar_full_b + 8 * s, kPreB ? 1 : 4);  // the producer's arrive (+ TMA bytes), or the converter warps
+      MbarInit(bar_full_b + 8 * s, kPreconvertedB ? 1 : 4);  // the producer's arrive (+ TMA bytes), or the converter warps
       MbarInit(bar_empty_b + 8 * s, 8);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -952,73 +995,92 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
     SetMaxNReg<R::kProducerRegs>();
     if (threadIdx.x == 0) {
       Tracer tr;
-      int stage = 0, phase = 0, b_stage = 0, b_phase = 0;
-      if constexpr (kPreB) WaitForResetKernel();  // here: for PreconvertBKernel, the grid before this one
+      int stage = 0, phase = 0, b_stage = 0, b_phase = 0, a_stage = 0, a_phase = 0;
+      // Pre-converted operands: wait for PreconvertKernel, the grid this one depends on.
+      if constexpr (kPre != 0) WaitForResetKernel();
       for (int u = cluster_id; u < p.units_total; u += num_clusters) {
         const WorkUnit wu = DecodeUnit<kSplitK>(p, u);
         const TileCoord pc = DecodeTile(p, wu.tile);
+        const int my_nt = pc.nt * kCluster + rank;
+        constexpr int kPartRows = kBM / kAShare;  // rows of the A slab this CTA loads for all
+        constexpr int kBoxA = kPartRows < kBoxRows ? kPartRows : kBoxRows;  // as the host encodes
+        constexpr int kBoxB = kBN < kBoxRows ? kBN : kBoxRows;
         for (int slab = wu.slab_lo; slab < wu.slab_hi; ++slab) {
-          tr.Start();
-          MbarWait(bar_empty_raw + 8 * stage, phase ^ 1);
-          tr.Stop(kTrProducerWait);
-          tr.Start();
-          const uint32_t fb = bar_full_raw + 8 * stage;
-          const bool skip_sf = Experiment(p, kFlagNoScales), skip_b = Experiment(p, kFlagNoBLoad);
-          MbarArriveExpectTx(fb, S::kTxBytes - (skip_sf ? S::kSfA + S::kSfB : 0) - (skip_b ? S::kRawB : 0));
-          const int my_nt = pc.nt * kCluster + rank;
-          constexpr int kPartRows = kBM / kAShare;  // rows of the A slab this CTA loads for all
-          const int a_part = kAShare > 1 ? rank : 0;
-          const uint32_t dst_a = smem + S::kOffRawA + stage * S::kRawA + a_part * kPartRows * 128;
-          constexpr int kBoxA = kPartRows < kBoxRows ? kPartRows : kBoxRows;  // as the host encodes
-          constexpr int kBoxB = kBN < kBoxRows ? kBN : kBoxRows;
+          if constexpr (kRawStages > 0) {  // the codes (and scales) converted in this kernel
+            tr.Start();
+            MbarWait(bar_empty_raw + 8 * stage, phase ^ 1);
+            tr.Stop(kTrProducerWait);
+            tr.Start();
+            const uint32_t fb = bar_full_raw + 8 * stage;
+            const bool skip_sf = Experiment(p, kFlagNoScales), skip_b = Experiment(p, kFlagNoBLoad);
+            MbarArriveExpectTx(fb, S::kTxBytes - (skip_sf ? S::kSfA + S::kSfB : 0) - (skip_b ? S::kRawB : 0));
+            const int a_part = kAShare > 1 ? rank : 0;
+            const uint32_t dst_a = smem + S::kOffRawA + stage * S::kRawA + a_part * kPartRows * 128;
 #pragma unroll
-          for (int bx = 0; bx < kPartRows / kBoxA; ++bx) {
-            const uint32_t dst = dst_a + bx * kBoxA * 128;
-            const int row = pc.mt * kBM + a_part * kPartRows + bx * kBoxA;
-            if constexpr (kAShare > 1) {
-              TmaLoad3DMulticast(dst, &tm_a, fb, slab * 128, row, pc.l, static_cast<uint16_t>((1u << kCluster) - 1));
-            } else {
-              TmaLoad3D(dst, &tm_a, fb, slab * 128, row, pc.l);
+            for (int bx = 0; bx < kPartRows / kBoxA; ++bx) {
+              if (kPreconvertedA) break;
+              const uint32_t dst = dst_a + bx * kBoxA * 128;
+              const int row = pc.mt * kBM + a_part * kPartRows + bx * kBoxA;
+              if constexpr (kAShare > 1) {
+                TmaLoad3DMulticast(dst, &tm_a, fb, slab * 128, row, pc.l, static_cast<uint16_t>((1u << kCluster) - 1));
+              } else {
+                TmaLoad3D(dst, &tm_a, fb, slab * 128, row, pc.l);
+              }
             }
-          }
 #pragma unroll
-          for (int bx = 0; bx < kBN / kBoxB; ++bx) {
-            if (skip_b || kPreB) break;
-            TmaLoad3D(smem + S::kOffRawB + stage * S::kRawB + bx * kBoxB * 128, &tm_b, fb, slab * 128,
-                      my_nt * kBN + bx * kBoxB, pc.l);
-          }
-          // Scale blocks: each 512 bytes = 128 rows x 4 groups, contiguous in the physical layout.
-#pragma unroll
-          for (int j = 0; j < kNSB; ++j) {
-            if (skip_sf) break;
-            const int kb4 = min(slab * kNSB + j, p.k_blocks - 1);
-#pragma unroll
-            for (int i = 0; i < MI; ++i) {
-              const int rb = min(pc.mt * MI + i, p.row_blocks_a - 1);
-              const uint8_t* src = p.sfa + pc.l * p.sfa_batch_stride + (static_cast<long long>(rb) * p.k_blocks + kb4) * 512;
-              BulkLoad(smem + S::kOffSfA + stage * S::kSfA + (i * kNSB + j) * 512, src, 512, fb);
+            for (int bx = 0; bx < kBN / kBoxB; ++bx) {
+              if (skip_b || kPreconvertedB) break;
+              TmaLoad3D(smem + S::kOffRawB + stage * S::kRawB + bx * kBoxB * 128, &tm_b, fb, slab * 128,
+                        my_nt * kBN + bx * kBoxB, pc.l);
             }
-            if constexpr (!kPreB) {
-              const int rbb = min(my_nt, p.row_blocks_b - 1);
-              const uint8_t* srcb = p.sfb + pc.l * p.sfb_batch_stride + (static_cast<long long>(rbb) * p.k_blocks + kb4) * 512;
-              BulkLoad(smem + S::kOffSfB + stage * S::kSfB + j * 512, srcb, 512, fb);
+            // Scale blocks: each 512 bytes = 128 rows x 4 groups, contiguous in the physical layout.
+#pragma unroll
+            for (int j = 0; j < kNSB; ++j) {
+              if (skip_sf) break;
+              const int kb4 = min(slab * kNSB + j, p.k_blocks - 1);
+              if constexpr (!kPreconvertedA) {
+#pragma unroll
+                for (int i = 0; i < MI; ++i) {
+                  const int rb = min(pc.mt * MI + i, p.row_blocks_a - 1);
+                  const uint8_t* src = p.sfa + pc.l * p.sfa_batch_stride + (static_cast<long long>(rb) * p.k_blocks + kb4) * 512;
+                  BulkLoad(smem + S::kOffSfA + stage * S::kSfA + (i * kNSB + j) * 512, src, 512, fb);
+                }
+              }
+              if constexpr (!kPreconvertedB) {
+                const int rbb = min(my_nt, p.row_blocks_b - 1);
+                const uint8_t* srcb = p.sfb + pc.l * p.sfb_batch_stride + (static_cast<long long>(rbb) * p.k_blocks + kb4) * 512;
+                BulkLoad(smem + S::kOffSfB + stage * S::kSfB + j * 512, srcb, 512, fb);
+              }
             }
+            tr.Stop(kTrProducerIssue);
+            if (++stage == kRawStages) { stage = 0; phase ^= 1; }
           }
-          if constexpr (kPreB) {  // the slab's BF16 B units, one buffer each (unit u: bytes 128u.. of a row)
+          // The slab's BF16 units of the pre-converted operands, one buffer each (unit u: bytes
+          // 128u.. of a row).
 #pragma unroll 1
-            for (int ui = 0; ui < kUPS; ++ui) {
+          for (int ui = 0; ui < kUPS && kPre != 0; ++ui) {
+            const int k_byte = (slab * kUPS + ui) * 128;
+            if constexpr (kPreconvertedA) {
+              MbarWait(bar_empty_a + 8 * a_stage, a_phase ^ 1);
+              const uint32_t fba = bar_full_a + 8 * a_stage;
+              MbarArriveExpectTx(fba, S::kBufA);
+#pragma unroll
+              for (int bx = 0; bx < kBM / kBoxA; ++bx)
+                TmaLoad3D(smem + S::kOffBufA + a_stage * S::kBufA + bx * kBoxA * 128, &tm_a, fba, k_byte,
+                          pc.mt * kBM + bx * kBoxA, pc.l);
+              if (++a_stage == kAStages) { a_stage = 0; a_phase ^= 1; }
+            }
+            if constexpr (kPreconvertedB) {
               MbarWait(bar_empty_b + 8 * b_stage, b_phase ^ 1);
               const uint32_t fbb = bar_full_b + 8 * b_stage;
               MbarArriveExpectTx(fbb, S::kBufB);
 #pragma unroll
               for (int bx = 0; bx < kBN / kBoxB; ++bx)
-                TmaLoad3D(smem + S::kOffBufB + b_stage * S::kBufB + bx * kBoxB * 128, &tm_b, fbb, (slab * kUPS + ui) * 128,
+                TmaLoad3D(smem + S::kOffBufB + b_stage * S::kBufB + bx * kBoxB * 128, &tm_b, fbb, k_byte,
                           my_nt * kBN + bx * kBoxB, pc.l);
               if (++b_stage == kBStages) { b_stage = 0; b_phase ^= 1; }
             }
           }
-          tr.Stop(kTrProducerIssue);
-          if (++stage == kRawStages) { stage = 0; phase ^= 1; }
         }
       }
       tr.Flush(p.trace, true);
@@ -1026,7 +1088,7 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
   } else if (warp_idx < R::kFirstConsumerWarp) {
     // ======================= WG1 (and WG2 at MI = 1): B converters =======================
     SetMaxNReg<R::kConverterRegs>();
-    if constexpr (!kPreB) {  // (kPreB: B arrives converted)
+    if constexpr (!kPreconvertedB) {
       const int cw = warp_idx / 4 - 1;                   // converter cw takes units ui % kConverterWGs == cw
       const int n_local = threadIdx.x - 128 * (1 + cw);  // row of the B tile this thread converts
       int r_stage = 0, r_phase = 0, b_stage = 0, b_phase = 0;
@@ -1134,6 +1196,7 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
         for (int r = 0; r < 4; ++r) asm volatile("" ::"r"(f[s][r]));
     };
     int inflight_b_stage = -1;  // B stage of the unit whose last WGMMA group may still run
+    int a_stage = 0, a_phase = 0, inflight_a_stage = -1;  // the same for pre-converted A
     // Slab-invariant parts of this thread's A and scale addresses: rows row0 + mi*64 + rr*8.
     const int gr = FragRow(g);  // every row of this thread is gr mod 8
     const int row0 = wg * 64 * MI + warp * 16 + gr;
@@ -1165,6 +1228,41 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
         for (int i = 0; i < 64; ++i) acc[mi][i] = 0.0f;
 
       for (int slab = wu.slab_lo; slab < wu.slab_hi; ++slab) {
+        if constexpr (kPreconvertedA) {
+          // A arrives as BF16 (PreconvertKernel): per unit, wait for its A and B buffers, issue the
+          // SS WGMMAs of this warpgroup's 64-row blocks, retire the previous unit's group and hand
+          // its buffers back. (The conversion path below is unreachable here.)
+#pragma unroll 1
+          for (int ui = 0; ui < kUPS; ++ui) {
+            tr.Start();
+            MbarWait(bar_full_a + 8 * a_stage, a_phase);
+            MbarWait(bar_full_b + 8 * b_stage, b_phase);
+            tr.Stop(kTrConsWaitFullB);
+            const uint64_t desc_b = SmemDesc128B(smem + S::kOffBufB + b_stage * S::kBufB);
+            const uint32_t buf_a = smem + S::kOffBufA + a_stage * S::kBufA + wg * (64 * MI) * 128;
+            if (do_mma) {
+#pragma unroll
+              for (int mi = 0; mi < MI; ++mi) FenceOperand(acc[mi]);
+              WgmmaFence();
+#pragma unroll
+              for (int mi = 0; mi < MI; ++mi) {
+                const uint64_t desc_a = SmemDesc128B(buf_a + mi * 64 * 128);
+#pragma unroll
+                for (int ks = 0; ks < 4; ++ks) WgmmaSS_m64n128k16(acc[mi], desc_a + 2 * ks, desc_b + 2 * ks);
+              }
+              WgmmaCommit();
+            }
+            WgmmaWait<1>();  // retires the previous unit
+            __syncwarp();
+            MbarArriveIf(bar_empty_a + 8 * inflight_a_stage, lane == 0 && inflight_a_stage >= 0);
+            MbarArriveIf(bar_empty_b + 8 * inflight_b_stage, lane == 0 && inflight_b_stage >= 0);
+            inflight_a_stage = a_stage;
+            inflight_b_stage = b_stage;
+            if (++a_stage == kAStages) { a_stage = 0; a_phase ^= 1; }
+            if (++b_stage == kBStages) { b_stage = 0; b_phase ^= 1; }
+          }
+          continue;
+        }
         tr.Start();
         MbarWait(bar_full_raw + 8 * r_stage, r_phase);
         tr.Stop(kTrConsWaitRaw);
@@ -1188,13 +1286,7 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
         for (int ui = 0; ui < kUPS; ++ui) {
           const int gis = GroupInSlab<V>(ui, t);
           const bool gvalid = slab * Tr::kGroupsPerSlab + gis < p.k_groups;
-          // WGMMA descriptor of this unit's BF16 B buffer: start address / 16 (the buffer is
-          // 1024-aligned and below 2^18, so adding k-step offsets never carries out of the field),
-          // leading byte offset 1 (unused with 128B swizzle), stride 1024 B / 16 (8 rows x 128 B),
-          // swizzle mode 1 (128B).
-          const uint32_t bufb = smem + S::kOffBufB + b_stage * S::kBufB;
-          const uint64_t desc_b = static_cast<uint64_t>(bufb >> 4) | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) |
-                                  (uint64_t{1} << 62);
+          const uint64_t desc_b = SmemDesc128B(smem + S::kOffBufB + b_stage * S::kBufB);  // this unit's BF16 B
           // This unit's A codes (16 bytes per row: chunk `chunk` of the row, 128B-swizzled; every
           // row of this thread has row % 8 == gr) and, fp4, scale bytes of (mi, rr) packed in svp.
           const int chunk = Tr::kFp4 ? 4 * (ui >> 1) + t : 4 * ui + t;
@@ -1335,6 +1427,10 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
       __syncwarp();
       MbarArriveIf(bar_empty_b + 8 * inflight_b_stage, lane == 0 && inflight_b_stage >= 0);
       inflight_b_stage = -1;
+      if constexpr (kPreconvertedA) {
+        MbarArriveIf(bar_empty_a + 8 * inflight_a_stage, lane == 0 && inflight_a_stage >= 0);
+        inflight_a_stage = -1;
+      }
 
       if constexpr (kSplitK) {
         const int ctid = threadIdx.x - 32 * R::kFirstConsumerWarp;

@@ -21,17 +21,20 @@ struct LaunchCtx {
   int device;
   cudaStream_t stream;
   bool after_reset = false;  // a ResetKernel precedes the GEMM: launch it as its programmatic dependent
-  bool preconvert_b = false;  // MI = 2 unsplit only: PreconvertBKernel (pre) first, then the kPreB GEMM
-  PreconvertParams pre;
+  // MI = 2 unsplit only: the operands in `pre` (kPreA | kPreB bits) are converted by PreconvertKernel
+  // (pre_a, pre_b) first, then the kPre GEMM runs.
+  int pre = 0;
+  PreconvertParams pre_a, pre_b;
 };
 
 // Per device and kernel: how many kCluster-CTA clusters fit on the GPU at once (a persistent grid
 // must be co-resident; not every SM can host a CTA of a cluster). Filled by Prepare*().
-// kind: 0 the plain kernel, 1 split-K, 2 pre-converted B.
+// kind: 0 the plain kernel, 1 split-K, 1 + kPre with pre-converted operands (2-4).
 constexpr int kMaxDevices = 64;
+constexpr int kKernelKinds = 5;
 int& MaxActiveClusters(int device, int variant, int mi, int kind);
-template <bool kSplitK, bool kPreB>
-constexpr int kKernelKind = kSplitK ? 1 : kPreB ? 2 : 0;
+template <bool kSplitK, int kPre>
+constexpr int kKernelKind = kSplitK ? 1 : kPre != 0 ? 1 + kPre : 0;
 
 cudaError_t LaunchVariant0(const LaunchCtx& ctx);  // e4m3, e8m0/32
 cudaError_t LaunchVariant1(const LaunchCtx& ctx);  // e5m2, e8m0/32
@@ -39,8 +42,8 @@ cudaError_t LaunchVariant2(const LaunchCtx& ctx);  // e2m1, e8m0/32
 cudaError_t LaunchVariant3(const LaunchCtx& ctx);  // e2m1, e8m0/16
 cudaError_t LaunchVariant4(const LaunchCtx& ctx);  // e2m1, e4m3/16 (NVFP4)
 
-// Loads the five kernels of variant V (two tile heights, with and without split-K; tile 256 with
-// pre-converted B) on the current device and raises their dynamic shared-memory limit. Must run
+// Loads the seven kernels of variant V (two tile heights, with and without split-K; tile 256 with
+// pre-converted A, B or both) on the current device and raises their dynamic shared-memory limit. Must run
 // outside stream capture (it may load the module lazily): see Prepare().
 cudaError_t PrepareVariant0();
 cudaError_t PrepareVariant1();
@@ -48,12 +51,12 @@ cudaError_t PrepareVariant2();
 cudaError_t PrepareVariant3();
 cudaError_t PrepareVariant4();
 
-template <int V, int MI, bool kPreB>
+template <int V, int MI, int kPre>
 cudaLaunchConfig_t LaunchConfig(int grid, cudaStream_t stream, cudaLaunchAttribute* attr, bool programmatic) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(grid, 1, 1);
   cfg.blockDim = dim3(Roles<MI>::kThreads, 1, 1);
-  cfg.dynamicSmemBytes = Smem<V, MI, kPreB>::kDynBytes;
+  cfg.dynamicSmemBytes = Smem<V, MI, kPre>::kDynBytes;
   cfg.stream = stream;
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = kCluster;
@@ -66,23 +69,22 @@ cudaLaunchConfig_t LaunchConfig(int grid, cudaStream_t stream, cudaLaunchAttribu
   return cfg;
 }
 
-template <int V, int MI, bool kSplitK, bool kPreB = false>
+template <int V, int MI, bool kSplitK, int kPre = 0>
 cudaError_t ConfigureKernel() {
-  using S = Smem<V, MI, kPreB>;
-  static_assert(S::kDynBytes <= 227 * 1024, "shared memory budget");
-  const auto kernel = GemmAmaxKernel<V, MI, kSplitK, kPreB>;
+  using S = Smem<V, MI, kPre>;
+  const auto kernel = GemmAmaxKernel<V, MI, kSplitK, kPre>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kDynBytes);
   if (err != cudaSuccess) return err;
   int dev = 0;
   err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return err;
   cudaLaunchAttribute attr[2];
-  const cudaLaunchConfig_t cfg = LaunchConfig<V, MI, kPreB>(kCluster * 1024, nullptr, attr, false);
+  const cudaLaunchConfig_t cfg = LaunchConfig<V, MI, kPre>(kCluster * 1024, nullptr, attr, false);
   int clusters = 0;
   err = cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg);
   if (err != cudaSuccess) return err;
   if (clusters <= 0) return cudaErrorInvalidConfiguration;
-  if (dev < kMaxDevices) MaxActiveClusters(dev, V, MI, kKernelKind<kSplitK, kPreB>) = clusters;
+  if (dev < kMaxDevices) MaxActiveClusters(dev, V, MI, kKernelKind<kSplitK, kPre>) = clusters;
   return cudaSuccess;
 }
 
@@ -91,31 +93,44 @@ cudaError_t ConfigureKernels() {
   cudaError_t err = ConfigureKernel<V, MI, false>();
   if (err == cudaSuccess) err = ConfigureKernel<V, MI, true>();
   if constexpr (MI == 2) {
-    if (err == cudaSuccess) err = ConfigureKernel<V, MI, false, true>();
+    if (err == cudaSuccess) err = ConfigureKernel<V, MI, false, kPreB>();
+    if (err == cudaSuccess) err = ConfigureKernel<V, MI, false, kPreA>();
+    if (err == cudaSuccess) err = ConfigureKernel<V, MI, false, kPreA | kPreB>();
   }
   return err;
 }
 
-template <int V, int MI, bool kSplitK, bool kPreB = false>
+template <int V, int MI, bool kSplitK, int kPre = 0>
 cudaError_t LaunchKernel(const LaunchCtx& ctx, bool programmatic) {
-  const int fit = ctx.device < kMaxDevices ? MaxActiveClusters(ctx.device, V, MI, kKernelKind<kSplitK, kPreB>) : 0;
+  const int fit = ctx.device < kMaxDevices ? MaxActiveClusters(ctx.device, V, MI, kKernelKind<kSplitK, kPre>) : 0;
   const int grid = fit > 0 ? std::min(ctx.grid, fit * kCluster) : ctx.grid;
   cudaLaunchAttribute attr[2];
-  const cudaLaunchConfig_t cfg = LaunchConfig<V, MI, kPreB>(grid, ctx.stream, attr, programmatic);
-  return cudaLaunchKernelEx(&cfg, GemmAmaxKernel<V, MI, kSplitK, kPreB>, ctx.tm_a, ctx.tm_b, ctx.params);
+  const cudaLaunchConfig_t cfg = LaunchConfig<V, MI, kPre>(grid, ctx.stream, attr, programmatic);
+  return cudaLaunchKernelEx(&cfg, GemmAmaxKernel<V, MI, kSplitK, kPre>, ctx.tm_a, ctx.tm_b, ctx.params);
+}
+
+template <int V>
+cudaError_t LaunchPreconvert(const PreconvertParams& q, cudaStream_t stream) {
+  const long long threads = static_cast<long long>(q.l) * q.rows * q.units_per_row;
+  PreconvertKernel<V><<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(q);
+  return cudaGetLastError();
 }
 
 template <int V, int MI>
 cudaError_t LaunchVariantMI(const LaunchCtx& ctx) {
   if constexpr (MI == 2) {
-    if (ctx.preconvert_b) {
-      // B -> BF16 first; the GEMM is its programmatic dependent (the reset kernel, if any, ran
-      // before both: stream order).
-      const long long threads = static_cast<long long>(ctx.pre.l) * ctx.pre.n * ctx.pre.units_per_row;
-      PreconvertBKernel<V><<<static_cast<unsigned>((threads + 255) / 256), 256, 0, ctx.stream>>>(ctx.pre);
-      const cudaError_t err = cudaGetLastError();
+    if (ctx.pre != 0) {
+      // The operands -> BF16 first; the GEMM is the last pass's programmatic dependent (the reset
+      // kernel, if any, and an earlier pass ran before: stream order).
+      cudaError_t err = cudaSuccess;
+      if (ctx.pre & kPreB) err = LaunchPreconvert<V>(ctx.pre_b, ctx.stream);
+      if (err == cudaSuccess && (ctx.pre & kPreA)) err = LaunchPreconvert<V>(ctx.pre_a, ctx.stream);
       if (err != cudaSuccess) return err;
-      return LaunchKernel<V, 2, false, true>(ctx, true);
+      switch (ctx.pre) {
+        case kPreB: return LaunchKernel<V, 2, false, kPreB>(ctx, true);
+        case kPreA: return LaunchKernel<V, 2, false, kPreA>(ctx, true);
+        default: return LaunchKernel<V, 2, false, kPreA | kPreB>(ctx, true);
+      }
     }
   }
   return ctx.params.splits > 1 ? LaunchKernel<V, MI, true>(ctx, ctx.after_reset)

@@ -295,7 +295,8 @@ static cudaError_t LaunchH(const GemmAmaxProblem& p, const GemmAmaxBuffers& b, c
   const size_t any_plan = static_cast<size_t>(sm90::kMaxSplits) * ((p.m + 255) / 256 * 256) * ((p.n + 127) / 128 * 128) *
                           p.batch * 4 + 1024 * 1024;
   size_t want = o.force_splits > 1 ? any_plan : sm90::WorkspaceBytes(p);
-  if (o.preconvert_b == 1) want = std::max(want, sm90::PreconvertedBBytes(p));
+  const size_t copies = (o.preconvert_b == 1 ? sm90::PreconvertedBBytes(p) : 0) + (o.preconvert_a == 1 ? sm90::PreconvertedABytes(p) : 0);
+  want = std::max(want, copies);
   if (want > g_ws_bytes) {
     cudaFree(g_ws);
     CK(cudaMalloc(&g_ws, want));
@@ -329,9 +330,16 @@ static HostProblem MakeProblem(const Combo& cb, int64_t L, int64_t M, int64_t N,
 
 static int g_fail = 0, g_pass = 0;
 
+// Pre-converted operands of a launch: -1 by the size rule; else bits 1 (B) and 2 (A) forced on, the
+// others off.
+static void SetPre(sm90::LaunchOptions& o, int pre) {
+  o.preconvert_b = pre < 0 ? -1 : (pre & 1) ? 1 : 0;
+  o.preconvert_a = pre < 0 ? -1 : (pre & 2) ? 1 : 0;
+}
+
 // Runs the kernel on hp (with c_type set) and compares against ref.
 static bool RunAndCheck(HostProblem& hp, const Ref& ref, OutputType ct, int force_tile, const char* tag,
-                        int force_splits = 0, int force_whole_tiles = -1, int preconvert_b = -1) {
+                        int force_splits = 0, int force_whole_tiles = -1, int pre = -1) {
   hp.p.c_type = ct;
   GemmAmaxProblem& p = hp.p;
   if (const char* why = sm90::Unsupported(p)) {
@@ -345,7 +353,7 @@ static bool RunAndCheck(HostProblem& hp, const Ref& ref, OutputType ct, int forc
   opt.force_tile_m = force_tile;
   opt.force_splits = force_splits;
   opt.force_whole_tiles = force_whole_tiles;
-  opt.preconvert_b = preconvert_b;
+  SetPre(opt, pre);
   // Poisoned workspace: split-K counters that were not reset would read as "all partials ready".
   if (g_ws != nullptr) CK(cudaMemset(g_ws, 0xFF, g_ws_bytes));
   CK(LaunchH(p, Bufs(d), opt));
@@ -382,7 +390,7 @@ static bool RunAndCheck(HostProblem& hp, const Ref& ref, OutputType ct, int forc
   }
   printf("  [%s] %-40s C=%-4s tile=%d splits=%d whole=%d%s  bad=%lld/%lld worst=%.3g amax[0]=%.8g ref=%.8g\n",
          ok ? "PASS" : "FAIL", tag, CName(ct), force_tile, force_splits, force_whole_tiles,
-         preconvert_b == 1 ? " preB" : "", static_cast<long long>(bad),
+         pre <= 0 ? "" : pre == 1 ? " preB" : pre == 2 ? " preA" : " preAB", static_cast<long long>(bad),
          static_cast<long long>(total), worst, amax[0], ref.amax[0]);
   if (first_bad >= 0) {
     const int64_t i = first_bad;
@@ -415,7 +423,7 @@ static void TestAll() {
       snprintf(tag, sizeof tag, "%s L=3 M=200 N=%lld K=352", cb.name, static_cast<long long>(N));
       RunAndCheck(hp, ref, ct, 128, tag);
       RunAndCheck(hp, ref, ct, 256, tag);
-      RunAndCheck(hp, ref, ct, 256, tag, 1, -1, 1);  // B pre-converted to BF16 (K tail, partial tiles)
+      for (int pre = 1; pre <= 3; ++pre) RunAndCheck(hp, ref, ct, 256, tag, 1, -1, pre);  // B, A, both pre-converted
     }
     // Shape 1b: only full tiles, C rows 16-byte aligned in every C dtype (the staged epilogue).
     for (OutputType ct : cts) {
@@ -423,7 +431,7 @@ static void TestAll() {
       Ref ref = Reference(hp);
       RunAndCheck(hp, ref, ct, 128, "full tiles M=256 N=384 K=160");
       RunAndCheck(hp, ref, ct, 256, "full tiles M=256 N=384 K=160");
-      RunAndCheck(hp, ref, ct, 256, "full tiles M=256 N=384 K=160", 1, -1, 1);
+      for (int pre = 1; pre <= 3; ++pre) RunAndCheck(hp, ref, ct, 256, "full tiles M=256 N=384 K=160", 1, -1, pre);
     }
     // Shape 2: odd M, K=288 (scale-block clamp for sfv16), wide scale range (two-multiply path).
     {
@@ -431,7 +439,7 @@ static void TestAll() {
       Ref ref = Reference(hp);
       RunAndCheck(hp, ref, OutputType::kF32, 128, "wide scales L=2 M=300 N=272 K=288");
       RunAndCheck(hp, ref, OutputType::kF32, 256, "wide scales L=2 M=300 N=272 K=288");
-      RunAndCheck(hp, ref, OutputType::kF32, 256, "wide scales L=2 M=300 N=272 K=288", 1, -1, 1);
+      for (int pre = 1; pre <= 3; ++pre) RunAndCheck(hp, ref, OutputType::kF32, 256, "wide scales L=2 M=300 N=272 K=288", 1, -1, pre);
     }
     // Shape 3: tiny.
     {
@@ -445,7 +453,7 @@ static void TestAll() {
       Ref ref = Reference(hp);
       RunAndCheck(hp, ref, OutputType::kF32, 128, "L=2 M=1000 N=1040 K=1024");
       RunAndCheck(hp, ref, OutputType::kBF16, 256, "L=2 M=1000 N=1040 K=1024");
-      RunAndCheck(hp, ref, OutputType::kF32, 256, "L=2 M=1000 N=1040 K=1024", 1, -1, 1);
+      for (int pre = 1; pre <= 3; ++pre) RunAndCheck(hp, ref, OutputType::kF32, 256, "L=2 M=1000 N=1040 K=1024", 1, -1, pre);
     }
     // Shape 5: split-K forced (1-4 ranges of uneven slab counts, K tail), partial tiles, L=2.
     {
@@ -467,14 +475,14 @@ static void TestAll() {
       hp.sfa[ScaleOffset(5, 1, hp.p.k_blocks())] = (cb.sf == ScaleType::kE8M0) ? 0xFF : 0x7F;
       Ref ref = Reference(hp);
       RunAndCheck(hp, ref, OutputType::kF32, 0, "NaN scale (l=0,m=5,g=1)");
-      RunAndCheck(hp, ref, OutputType::kF32, 256, "NaN scale (l=0,m=5,g=1)", 1, -1, 1);
+      for (int pre = 1; pre <= 3; ++pre) RunAndCheck(hp, ref, OutputType::kF32, 256, "NaN scale (l=0,m=5,g=1)", 1, -1, pre);
       RunAndCheck(hp, ref, OutputType::kE4M3, 0, "NaN scale (l=0,m=5,g=1)");
       // ... and one of B (column 7): the converter's and PreconvertBKernel's NaN.
       HostProblem hb = MakeProblem(cb, 2, 200, 136, 352, rng, 120, 134);
       hb.sfb[ScaleOffset(7, 2, hb.p.k_blocks())] = (cb.sf == ScaleType::kE8M0) ? 0xFF : 0x7F;
       Ref refb = Reference(hb);
       RunAndCheck(hb, refb, OutputType::kF32, 256, "NaN scale of B (l=0,n=7,g=2)", 1);
-      RunAndCheck(hb, refb, OutputType::kF32, 256, "NaN scale of B (l=0,n=7,g=2)", 1, -1, 1);
+      for (int pre = 1; pre <= 3; ++pre) RunAndCheck(hb, refb, OutputType::kF32, 256, "NaN scale of B (l=0,n=7,g=2)", 1, -1, pre);
     }
     // amax reset: run once with data, then B = 0 -> amax exactly 0.
     {
@@ -605,8 +613,8 @@ static std::vector<Shape> ParseShapes(const char* list) {
 }
 
 static void Bench(int iters, const std::vector<Shape>& shapes) {
-  printf("%-20s %12s %12s %12s %12s %12s %12s %12s %12s %10s %s\n", "MxNxK", "plan t/s/w", "TF/s", "TF/s noamax", "TF/s t128",
-         "TF/s t256", "TF/s nosplit", "TF/s noPreB", "TF/s PreB", "cuBLASbf16", "check");
+  printf("%-20s %12s %12s %12s %12s %12s %12s %12s %12s %12s %12s %10s %s\n", "MxNxK", "plan t/s/w", "TF/s", "TF/s noamax", "TF/s t128",
+         "TF/s t256", "TF/s nosplit", "TF/s noPre", "TF/s PreB", "TF/s PreA", "TF/s PreAB", "cuBLASbf16", "check");
   for (const Shape& s : shapes) {
     DevBufs d;
     const GemmAmaxProblem p = RandomE4M3Problem(s.m, s.n, s.k, d, s.l);
@@ -622,7 +630,7 @@ static void Bench(int iters, const std::vector<Shape>& shapes) {
     CK(sm90::PlanFor(p, sm90::WorkspaceBytes(p), o, &plan));
     char plan_name[32];  // tile height / splits / tiles run whole first
     snprintf(plan_name, sizeof plan_name, "%d/%d/%d%s", plan.tile_m, plan.splits, plan.whole_tiles,
-             plan.preconvert_b ? "+B" : "");
+             plan.preconvert_a ? (plan.preconvert_b ? "+AB" : "+A") : plan.preconvert_b ? "+B" : "");
     // correctness spot-check of the measured output
     std::vector<uint8_t> ha(abytes), hb(bbytes), hsa(sfab), hsb(sfbb);
     std::vector<uint16_t> hc(s.m * s.n);
@@ -661,10 +669,11 @@ static void Bench(int iters, const std::vector<Shape>& shapes) {
     o.force_splits = 1;
     const double tf_nosplit = time_it(o);
     o.force_splits = 0;
-    o.preconvert_b = 0;
-    const double tf_nopreb = time_it(o);
-    o.preconvert_b = 1;
-    const double tf_preb = time_it(o);
+    double tf_pre[4];  // none, B, A, both pre-converted
+    for (int pre = 0; pre < 4; ++pre) {
+      SetPre(o, pre);
+      tf_pre[pre] = time_it(o);
+    }
     double cublas_tf = 0;
 #ifdef JGA_WITH_CUBLAS
     {
@@ -692,8 +701,9 @@ static void Bench(int iters, const std::vector<Shape>& shapes) {
     char name[64];
     snprintf(name, sizeof name, s.l > 1 ? "%lldx%lldx%lldx%lld" : "%lldx%lldx%lld", static_cast<long long>(s.m),
              static_cast<long long>(s.n), static_cast<long long>(s.k), static_cast<long long>(s.l));
-    printf("%-20s %12s %12.1f %12.1f %12.1f %12.1f %12.1f %12.1f %12.1f %10.1f %s (bad %d/256, amax %g)\n", name, plan_name,
-           tf, tf_noamax, tf128, tf256, tf_nosplit, tf_nopreb, tf_preb, cublas_tf, (bad == 0 && amax_ok) ? "ok" : "WRONG", bad, amax);
+    printf("%-20s %12s %12.1f %12.1f %12.1f %12.1f %12.1f %12.1f %12.1f %12.1f %12.1f %10.1f %s (bad %d/256, amax %g)\n", name,
+           plan_name, tf, tf_noamax, tf128, tf256, tf_nosplit, tf_pre[0], tf_pre[1], tf_pre[2], tf_pre[3], cublas_tf,
+           (bad == 0 && amax_ok) ? "ok" : "WRONG", bad, amax);
     d.Free();
   }
 }
@@ -721,13 +731,13 @@ static void Experiments(int64_t M, int64_t N, int64_t K, int iters) {
   d.Free();
 }
 
-static void OneConfig(int64_t M, int64_t N, int64_t K, int tile, int flags, int iters, int preconvert_b) {
+static void OneConfig(int64_t M, int64_t N, int64_t K, int tile, int flags, int iters, int pre) {
   DevBufs d;
   const GemmAmaxProblem p = RandomE4M3Problem(M, N, K, d);
   sm90::LaunchOptions o;
   o.force_tile_m = tile;
   o.experiment_flags = flags;
-  o.preconvert_b = preconvert_b;
+  SetPre(o, pre);
   const double med = MedianLaunchMs(p, d, o, iters);
   {  // one traced launch (counters are only filled by -DJGA_SM90_TRACE builds)
     unsigned long long* tr;
@@ -780,7 +790,7 @@ int main(int argc, char** argv) {
       Ref ref = Reference(hp);
       RunAndCheck(hp, ref, OutputType::kBF16, 128, kCombos[ci].name);
       RunAndCheck(hp, ref, OutputType::kE2M1x2, 256, kCombos[ci].name);
-      RunAndCheck(hp, ref, OutputType::kBF16, 256, kCombos[ci].name, 1, -1, 1);  // pre-converted B
+      RunAndCheck(hp, ref, OutputType::kBF16, 256, kCombos[ci].name, 1, -1, 3);  // pre-converted A and B
     }
     printf("SMALL SUMMARY: %d passed, %d failed\n", g_pass, g_fail);
     return g_fail == 0 ? 0 : 1;
@@ -790,7 +800,7 @@ int main(int argc, char** argv) {
     Experiments(16384, 8192, 1024, 10);
     return 0;
   }
-  if (mode == "one") {  // one M N K tile flags iters [preconvert_b]: a single configuration (for ncu)
+  if (mode == "one") {  // one M N K tile flags iters [pre: -1 auto, bits 1 B, 2 A]: a single configuration (for ncu)
     if (argc < 8) return 2;
     OneConfig(atoll(argv[2]), atoll(argv[3]), atoll(argv[4]), atoi(argv[5]), atoi(argv[6]), atoi(argv[7]),
               argc > 8 ? atoi(argv[8]) : -1);
@@ -800,6 +810,6 @@ int main(int argc, char** argv) {
     Bench(argc > 2 ? atoi(argv[2]) : 30, ParseShapes(argc > 3 ? argv[3] : nullptr));
     return 0;
   }
-  fprintf(stderr, "usage: %s [test|small|bench [iters [MxNxK[xL],...]]|one M N K tile flags iters [preconvert_b]|exp]\n", argv[0]);
+  fprintf(stderr, "usage: %s [test|small|bench [iters [MxNxK[xL],...]]|one M N K tile flags iters [pre: -1 auto, bits 1 B, 2 A]|exp]\n", argv[0]);
   return 2;
 }

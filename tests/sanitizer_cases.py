@@ -1,5 +1,5 @@
 """Small gemm_amax calls for `compute-sanitizer --tool memcheck` on a GPU: a partial-tile case
-(M, N not multiples of any tile, K' padded), batched cases and one with B pre-converted to BF16,
+(M, N not multiples of any tile, K' padded), batched cases and one with A and B pre-converted to BF16,
 each checked for correctness.
 Not a pytest module: run as `compute-sanitizer --tool memcheck python tests/sanitizer_cases.py`."""
 
@@ -21,8 +21,9 @@ cases = [
     ("partial tiles e4m3 -> bf16", "e4m3", ml_dtypes.float8_e8m0fnu, 32, 200, 136, 320, 1, "bfloat16"),
     ("batched nvfp4 -> packed fp4", "fp4", ml_dtypes.float8_e4m3fn, 16, 130, 96, 256, 3, "uint8"),
     ("batched mxfp4 -> f32", "fp4", ml_dtypes.float8_e8m0fnu, 32, 72, 200, 512, 2, "float32"),
-    # M >= 4096: the SM90 kernel converts B to BF16 in a pass of its own first (K tail, partial N tile)
-    ("pre-converted B e4m3 -> bf16", "e4m3", ml_dtypes.float8_e8m0fnu, 32, 4096, 136, 352, 2, "bfloat16"),
+    # M, N >= 4096 and a tile-256 unsplit plan: the SM90 kernel converts A and B to BF16 in passes
+    # of their own first (K tail, partial tiles, M not a multiple of 8)
+    ("pre-converted A and B e4m3 -> bf16", "e4m3", ml_dtypes.float8_e8m0fnu, 32, 4100, 4100, 352, 1, "bfloat16"),
 ]
 for name, kind, sf, sfv, m, n, k, batch, c_dtype in cases:
     p = npref.random_problem(rng, kind, sf, sfv, m, n, k, batch=batch)

@@ -755,8 +755,9 @@ __device__ __forceinline__ int GroupInSlab(int ui, int t) {
   }
 }
 
-// B conversion of one row's 64-K unit ui of a slab (value x scale -> BF16, exact), shared by the
-// converter warpgroup and PreconvertKernel. In: the unit's codes (fp8: 16-byte chunks 4ui + t of
+// Conversion of one operand row's 64-K unit ui of a slab (value x scale -> BF16, exact), shared by
+// the B converter warpgroup and PreconvertKernel (A or B). The consumers' in-register A conversion
+// produces the same values in WGMMA fragment layout instead. In: the unit's codes (fp8: 16-byte chunks 4ui + t of
 // the slab row, t < 4, as words codes[4t + s]; fp4: 8-byte half ui & 1 of chunks 4(ui >> 1) + t, as
 // codes[2t + w]), the scale bytes of its groups (fp8: group 2ui + gi in sf[gi], gi < 2; fp4: group
 // GroupInSlab(ui, t) in sf[t]) and whether each group lies within K. Out: the unit's eight 16-byte
@@ -765,7 +766,7 @@ __device__ __forceinline__ int GroupInSlab(int ui, int t) {
 // a 128B-swizzled TMA load of 128-byte rows puts it where the converter would.
 // Must be called by whole warps (a vote picks the rare two-multiply path).
 template <int V, class Store>
-__device__ __forceinline__ void ConvertBUnit(const uint32_t (&codes)[16], const uint32_t (&sf)[4], const bool (&valid)[4],
+__device__ __forceinline__ void ConvertRowUnit(const uint32_t (&codes)[16], const uint32_t (&sf)[4], const bool (&valid)[4],
                                              Store&& store) {
   using Tr = VariantTraits<V>;
   if constexpr (!Tr::kFp4) {
@@ -849,7 +850,7 @@ __device__ __forceinline__ void ConvertBUnit(const uint32_t (&codes)[16], const 
 
 // An operand (codes x scales) -> BF16 in global memory, once per call, for the kPre GEMM kernels:
 // row r of batch item l becomes units_per_row 128-byte units (unit u: K elements 64u..64u+63 in
-// the consumers' order, see ConvertBUnit; zeros past K), at output row r (B) or, for A, at the row
+// the consumers' order, see ConvertRowUnit; zeros past K), at output row r (B) or, for A, at the row
 // of its 8-row group that the consumers' SS WGMMA reads as fragment row FragRow^-1(r % 8), so that
 // the accumulators hold the same rows as with A converted in registers (the epilogue is shared).
 // One thread per (l, r, u), u fastest, so a warp's units are mostly 4 KB of consecutive output:
@@ -877,7 +878,7 @@ __global__ void __launch_bounds__(256) PreconvertKernel(const PreconvertParams q
   asm volatile("griddepcontrol.launch_dependents;");
   const long long i = blockIdx.x * 256ll + threadIdx.x;
   const long long total = static_cast<long long>(q.l) * q.rows * q.units_per_row;
-  const bool live = i < total;  // dead lanes still vote in ConvertBUnit
+  const bool live = i < total;  // dead lanes still vote in ConvertRowUnit
   const long long row_id = live ? i / q.units_per_row : 0;  // l * rows + row
   const int u = live ? static_cast<int>(i - row_id * q.units_per_row) : 0;
   const int row = static_cast<int>(row_id % q.rows), l = static_cast<int>(row_id / q.rows);
@@ -909,7 +910,7 @@ __global__ void __launch_bounds__(256) PreconvertKernel(const PreconvertParams q
   __shared__ __align__(16) uint4 stage[8][32 * 8];  // per warp: 32 units x 8 chunks
   const int lane = threadIdx.x & 31;
   uint4* ws = stage[threadIdx.x >> 5];
-  ConvertBUnit<V>(codes, sf, valid, [&](int chunk, uint32_t x, uint32_t y, uint32_t z, uint32_t w) {
+  ConvertRowUnit<V>(codes, sf, valid, [&](int chunk, uint32_t x, uint32_t y, uint32_t z, uint32_t w) {
     ws[lane * 8 + (chunk ^ (lane & 7))] = make_uint4(x, y, z, w);
   });
   __syncwarp();
@@ -1139,7 +1140,7 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
                 sf[j] = Lds8(sfb + (gis >> 2) * 512 + (gis & 3));
                 valid[j] = slab * Tr::kGroupsPerSlab + gis < p.k_groups;
               }
-              ConvertBUnit<V>(codes, sf, valid, [&](int chunk, uint32_t x, uint32_t y, uint32_t z, uint32_t w) {
+              ConvertRowUnit<V>(codes, sf, valid, [&](int chunk, uint32_t x, uint32_t y, uint32_t z, uint32_t w) {
                 Sts128(dst + ((chunk ^ r7) << 4), x, y, z, w);
               });
             }

@@ -477,7 +477,7 @@ static void TestAll() {
       RunAndCheck(hp, ref, OutputType::kF32, 0, "NaN scale (l=0,m=5,g=1)");
       for (int pre = 1; pre <= 3; ++pre) RunAndCheck(hp, ref, OutputType::kF32, 256, "NaN scale (l=0,m=5,g=1)", 1, -1, pre);
       RunAndCheck(hp, ref, OutputType::kE4M3, 0, "NaN scale (l=0,m=5,g=1)");
-      // ... and one of B (column 7): the converter's and PreconvertBKernel's NaN.
+      // ... and one of B (column 7): the converter's and PreconvertKernel's NaN.
       HostProblem hb = MakeProblem(cb, 2, 200, 136, 352, rng, 120, 134);
       hb.sfb[ScaleOffset(7, 2, hb.p.k_blocks())] = (cb.sf == ScaleType::kE8M0) ? 0xFF : 0x7F;
       Ref refb = Reference(hb);

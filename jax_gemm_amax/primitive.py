@@ -80,7 +80,7 @@ def _ffi_lowering(ctx, a, b, sfa, sfb, *, target, c_dtype, sf_vec_size, tile_m, 
 _SM90_MAX_SPLITS = 4
 _SM90_SPLIT_MAX_ELEMS = 1 << 22  # fp32 elements of partial tiles, at most
 _SM90_PRECONVERT_B_MIN_M = 4096  # M from which B is offered room for its BF16 copy
-_SM90_PRECONVERT_A_MIN_N = 4096  # N from which A is
+_SM90_PRECONVERT_A_MIN_N = 4096  # N from which A is offered room for its BF16 copy
 _SM90_PRECONVERT_MAX_BYTES = 1 << 30
 
 

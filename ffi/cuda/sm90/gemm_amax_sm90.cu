@@ -119,10 +119,14 @@ __global__ void ResetKernel(float* amax, int n_amax, unsigned int* ready, int n_
 // 768x4096x4096 tile 256 unsplit (429-444 vs 424 with a tail split).
 // Candidates: every tile split S ways (S = 1: no split-K), or, when the last wave of tiles is
 // partial, the whole waves unsplit and only the last wave's tiles split (session 7). Only plans
-// whose workspace fits in `available` bytes are considered. With B pre-converted (`preconvert`:
-// possible for this call), tile 256 unsplit costs 0.92 of itself (ncu, session 9: the GEMM 0.86-0.89,
-// the pass adding 0.03-0.07 at M = 4096-8192).
+// whose workspace fits in `available` bytes are considered. With an operand pre-converted
+// (`preconvert`: possible for this call), tile 256 unsplit costs 0.92 of itself (ncu, session 9, B:
+// the GEMM 0.86-0.89, the pass adding 0.03-0.07 at M = 4096-8192; both operands measured nearer
+// 0.85, not refit).
 constexpr double kPreconvertedCost = 0.92;
+// 64-K MMA units per 128-byte slab of codes (128 fp8 or 256 fp4 elements).
+long long UnitsPerSlab(const GemmAmaxProblem& p) { return p.ab_type == OperandType::kE2M1x2 ? 4 : 2; }
+
 struct Plan {
   int mi = 2;
   int splits = 1;
@@ -133,7 +137,7 @@ struct Plan {
 Plan MakePlan(const GemmAmaxProblem& p, int sms, const LaunchOptions& opt, size_t available, bool preconvert) {
   const long long tn = CeilDiv(CeilDiv(p.n, 128), kCluster) * kCluster;
   const long long nslabs = CeilDiv(p.operand_row_bytes(), 128);
-  const long long units_per_slab = p.ab_type == OperandType::kE2M1x2 ? 4 : 2;
+  const long long units_per_slab = UnitsPerSlab(p);
   Plan best;
   double best_cost = -1;
   for (int mi = 2; mi >= 1; --mi) {
@@ -178,16 +182,13 @@ Plan MakePlan(const GemmAmaxProblem& p, int sms, const LaunchOptions& opt, size_
   return best;
 }
 
-}  // namespace
-
-namespace {
-// Bytes of one row of a pre-converted operand: every 128-byte slab of codes becomes kUnitsPerSlab
+// Bytes of one row of a pre-converted operand: every 128-byte slab of codes becomes UnitsPerSlab
 // units of 64 BF16 values.
 long long PreconvertedRowBytes(const GemmAmaxProblem& p) {
-  const long long units_per_slab = p.ab_type == OperandType::kE2M1x2 ? 4 : 2;
-  return CeilDiv(p.operand_row_bytes(), 128) * units_per_slab * 128;
+  return CeilDiv(p.operand_row_bytes(), 128) * UnitsPerSlab(p) * 128;
 }
 long long PreconvertedARows(const GemmAmaxProblem& p) { return CeilDiv(p.m, 8) * 8; }
+
 }  // namespace
 
 size_t PreconvertedBBytes(const GemmAmaxProblem& p) {
@@ -207,9 +208,6 @@ size_t SplitWorkspaceBytes(const GemmAmaxProblem& p) {
   const long long counters = CeilDiv(CeilDiv(p.m, 128) * CeilDiv(p.n, 128) * p.batch * 4, 256) * 256;
   return static_cast<size_t>(counters + std::min(slots * elems, kSplitMaxElems) * 4);
 }
-}  // namespace
-
-namespace {
 bool OfferB(const GemmAmaxProblem& p) {
   return p.m >= kPreconvertBMinM && PreconvertedBBytes(p) <= static_cast<size_t>(kPreconvertMaxBytes);
 }

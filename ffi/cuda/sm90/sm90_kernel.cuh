@@ -21,9 +21,10 @@
 //     16 contiguous bytes of A per row (one LDS.128) and the converter writes whole 16-byte chunks.
 //   * Pre-converted operands (kPre, tile 256 unsplit, problems with many rows (B) or columns (A)):
 //     PreconvertKernel writes the operand as BF16 in the converter's K order into the workspace
-//     first (memory-bound: 54 us for 8192 x 8192 fp8 codes); the producer TMA-loads it per 64-K unit
-//     into BF16 buffers. B: the converter warpgroup idles (converting B per tile costs ~12% of the
-//     GEMM, ncu, 8192^3: 1.72 ms vs 1.52). A: the consumers run SS WGMMAs instead of converting.
+//     first (memory-bound: 54-62 us for 8192 x 8192 fp8 codes, ncu); the producer TMA-loads it per
+//     64-K unit into BF16 buffers. B: the converter warpgroup idles (converting B per tile costs ~12%
+//     of the GEMM, ncu, 8192^3: 1.72 ms vs 1.52). A: the consumers run SS WGMMAs instead of
+//     converting.
 //   * CTA tile: (128*MI) x 128 (MI = 1 or 2, picked by the host's cost model). A work unit is a
 //     tile, or, in the kSplitK kernels (problems with few tiles), one of `splits` K ranges of a
 //     tile: the other splits hand fp32 partial tiles to the last one through a device workspace.
@@ -755,12 +756,62 @@ __device__ __forceinline__ int GroupInSlab(int ui, int t) {
   }
 }
 
+// The 16-byte chunk of a slab row that holds piece t (< 4) of 64-K unit ui: fp8 takes all of chunk
+// 4ui + t, fp4 the 8-byte half ui & 1 of chunk 4(ui >> 1) + t.
+template <int V>
+__device__ __forceinline__ int UnitChunk(int ui, int t) {
+  return VariantTraits<V>::kFp4 ? 4 * (ui >> 1) + t : 4 * ui + t;
+}
+// The scale groups of one row's 64-K unit ui: fp8 two (2ui + j), fp4 four (one per piece).
+template <int V>
+constexpr int kRowUnitGroups = VariantTraits<V>::kFp4 ? 4 : 2;
+template <int V>
+__device__ __forceinline__ int RowUnitGroup(int ui, int j) {
+  return VariantTraits<V>::kFp4 ? GroupInSlab<V>(ui, j) : 2 * ui + j;
+}
+
+// The inputs of ConvertRowUnit for one row's unit ui of `slab`: load_piece(chunk, half) returns
+// piece t of the unit (UnitChunk; fp8: 16 bytes, fp4: 8 bytes in .x/.y at byte 8 * half), and
+// load_sf(group in slab) its scale byte; a group is valid when it lies below k_groups.
+template <int V, class LoadPiece, class LoadSf>
+__device__ __forceinline__ void GatherRowUnit(int ui, int slab, int k_groups, LoadPiece&& load_piece, LoadSf&& load_sf,
+                                              uint32_t (&codes)[16], uint32_t (&sf)[4], bool (&valid)[4]) {
+  using Tr = VariantTraits<V>;
+#pragma unroll
+  for (int t = 0; t < 4; ++t) {
+    const uint4 v = load_piece(UnitChunk<V>(ui, t), ui & 1);
+    if constexpr (!Tr::kFp4) {
+      codes[4 * t] = v.x; codes[4 * t + 1] = v.y; codes[4 * t + 2] = v.z; codes[4 * t + 3] = v.w;
+    } else {
+      codes[2 * t] = v.x; codes[2 * t + 1] = v.y;
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kRowUnitGroups<V>; ++j) {
+    const int gis = RowUnitGroup<V>(ui, j);
+    sf[j] = load_sf(gis);
+    valid[j] = slab * Tr::kGroupsPerSlab + gis < k_groups;
+  }
+}
+
+// Runs convert(std::true_type) when any lane of the warp needs the second multiply (an e8m0 scale
+// above kT, NaN included), else convert(std::false_type): the rare path is a copy of the loop, one
+// uniform branch around it (inside the loop ptxas would issue the multiply predicated for every
+// value).
+template <class Convert>
+__device__ __forceinline__ void WithSecondMultiplyIfAny(bool any_big, Convert&& convert) {
+  if (__any_sync(0xFFFFFFFFu, any_big)) {
+    convert(std::true_type{});
+  } else {
+    convert(std::false_type{});
+  }
+}
+
 // Conversion of one operand row's 64-K unit ui of a slab (value x scale -> BF16, exact), shared by
-// the B converter warpgroup and PreconvertKernel (A or B). The consumers' in-register A conversion
-// produces the same values in WGMMA fragment layout instead. In: the unit's codes (fp8: 16-byte chunks 4ui + t of
-// the slab row, t < 4, as words codes[4t + s]; fp4: 8-byte half ui & 1 of chunks 4(ui >> 1) + t, as
-// codes[2t + w]), the scale bytes of its groups (fp8: group 2ui + gi in sf[gi], gi < 2; fp4: group
-// GroupInSlab(ui, t) in sf[t]) and whether each group lies within K. Out: the unit's eight 16-byte
+// the B converter warpgroup and PreconvertKernel (A or B); the consumers' in-register A conversion
+// produces the same values in WGMMA fragment layout instead. In (GatherRowUnit): the unit's codes
+// (fp8: words codes[4t + s] of piece t; fp4: codes[2t + w]), the scale bytes of its groups
+// (RowUnitGroup j in sf[j]) and whether each group lies within K. Out: the unit's eight 16-byte
 // BF16 chunks in the consumers' K order, handed to store(chunk, x, y, z, w). The converter puts
 // chunk c of row r at c ^ (r & 7) of the row (128B swizzle); PreconvertKernel writes it at c, and
 // a 128B-swizzled TMA load of 128-byte rows puts it where the converter would.
@@ -778,9 +829,7 @@ __device__ __forceinline__ void ConvertRowUnit(const uint32_t (&codes)[16], cons
       ScaleToMul<V>(sf[gi], valid[gi], m1[gi], m2[gi], big);
       any_big |= big;
     }
-    // Two copies of the unit's conversion, the second multiply only in the rare one (a uniform
-    // branch: inside the loop ptxas would issue it predicated for every value).
-    auto convert = [&](auto two_multiplies) {
+    WithSecondMultiplyIfAny(any_big, [&](auto two_multiplies) {
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
         uint32_t lo[4], hi[4];
@@ -801,12 +850,7 @@ __device__ __forceinline__ void ConvertRowUnit(const uint32_t (&codes)[16], cons
         store(2 * s, lo[0], lo[1], lo[2], lo[3]);
         store(2 * s + 1, hi[0], hi[1], hi[2], hi[3]);
       }
-    };
-    if (__any_sync(0xFFFFFFFFu, any_big)) {
-      convert(std::true_type{});
-    } else {
-      convert(std::false_type{});
-    }
+    });
   } else {
     uint32_t m1[4];
     bool any_big = false;
@@ -817,7 +861,7 @@ __device__ __forceinline__ void ConvertRowUnit(const uint32_t (&codes)[16], cons
       ScaleToMul<V>(sf[t], valid[t], m1[t], m2d, big);
       any_big |= big;
     }
-    auto convert = [&](auto two_multiplies) {  // as for fp8: the rare path is a copy
+    WithSecondMultiplyIfAny(any_big, [&](auto two_multiplies) {
 #pragma unroll
       for (int ww = 0; ww < 2; ++ww) {
         uint32_t pr[4][4];  // [pair][t]
@@ -839,12 +883,7 @@ __device__ __forceinline__ void ConvertRowUnit(const uint32_t (&codes)[16], cons
 #pragma unroll
         for (int j = 0; j < 4; ++j) store(2 * (2 * ww + (j >> 1)) + (j & 1), pr[j][0], pr[j][1], pr[j][2], pr[j][3]);
       }
-    };
-    if (__any_sync(0xFFFFFFFFu, any_big)) {
-      convert(std::true_type{});
-    } else {
-      convert(std::false_type{});
-    }
+    });
   }
 }
 
@@ -884,29 +923,26 @@ __global__ void __launch_bounds__(256) PreconvertKernel(const PreconvertParams q
   const int row = static_cast<int>(row_id % q.rows), l = static_cast<int>(row_id / q.rows);
   const int slab = u / Tr::kUnitsPerSlab, ui = u % Tr::kUnitsPerSlab;
   const uint8_t* src = q.codes + row_id * q.row_bytes + slab * 128ll;
-  uint32_t codes[16] = {};
-  uint32_t sf[4] = {};
-  bool valid[4] = {};
-#pragma unroll
-  for (int t = 0; t < 4; ++t) {
-    const int chunk = Tr::kFp4 ? 4 * (ui >> 1) + t : 4 * ui + t;
-    if (!live || slab * 128ll + 16 * chunk >= q.row_bytes) continue;  // past K: zeros (rows are 16-byte multiples)
-    if constexpr (!Tr::kFp4) {
-      const uint4 v = __ldg(reinterpret_cast<const uint4*>(src + 16 * chunk));
-      codes[4 * t] = v.x; codes[4 * t + 1] = v.y; codes[4 * t + 2] = v.z; codes[4 * t + 3] = v.w;
-    } else {
-      const uint2 v = __ldg(reinterpret_cast<const uint2*>(src + 16 * chunk + 8 * (ui & 1)));
-      codes[2 * t] = v.x; codes[2 * t + 1] = v.y;
-    }
-  }
   const uint8_t* sfr = q.sf + l * q.sf_batch_stride + static_cast<long long>(row >> 7) * q.k_blocks * 512;
-#pragma unroll
-  for (int j = 0; j < (Tr::kFp4 ? 4 : 2); ++j) {
-    const int gis = Tr::kFp4 ? GroupInSlab<V>(ui, j) : 2 * ui + j;
-    const int group = slab * Tr::kGroupsPerSlab + gis;
-    valid[j] = live && group < q.k_groups;
-    if (valid[j]) sf[j] = __ldg(sfr + (group >> 2) * 512 + SfInBlock(row, group & 3));
-  }
+  const int k_groups = live ? q.k_groups : 0;  // dead lanes: every group invalid (multiplier 0)
+  uint32_t codes[16], sf[4];
+  bool valid[4];
+  GatherRowUnit<V>(
+      ui, slab, k_groups,
+      [&](int chunk, int half) {
+        if (!live || slab * 128ll + 16 * chunk >= q.row_bytes) return make_uint4(0, 0, 0, 0);  // past K (rows are 16-byte multiples)
+        if constexpr (!Tr::kFp4) {
+          return __ldg(reinterpret_cast<const uint4*>(src + 16 * chunk));
+        } else {
+          const uint2 v = __ldg(reinterpret_cast<const uint2*>(src + 16 * chunk + 8 * half));
+          return make_uint4(v.x, v.y, 0, 0);
+        }
+      },
+      [&](int gis) {
+        const int group = slab * Tr::kGroupsPerSlab + gis;
+        return group < k_groups ? static_cast<uint32_t>(__ldg(sfr + (group >> 2) * 512 + SfInBlock(row, group & 3))) : 0u;
+      },
+      codes, sf, valid);
   __shared__ __align__(16) uint4 stage[8][32 * 8];  // per warp: 32 units x 8 chunks
   const int lane = threadIdx.x & 31;
   uint4* ws = stage[threadIdx.x >> 5];
@@ -1121,25 +1157,19 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
             if (Experiment(p, kFlagNoConvB) || (Experiment(p, kFlagHalfConvB) && n_local >= 64)) {
               // experiment only
             } else {
-              uint32_t codes[16] = {};
-              uint32_t sf[4] = {};
-              bool valid[4] = {};
-#pragma unroll
-              for (int t = 0; t < 4; ++t) {
-                if constexpr (!Tr::kFp4) {
-                  const uint4 v = Lds128(raw + (((4 * ui + t) ^ r7) << 4));
-                  codes[4 * t] = v.x; codes[4 * t + 1] = v.y; codes[4 * t + 2] = v.z; codes[4 * t + 3] = v.w;
-                } else {
-                  const uint2 v = Lds64(raw + (((4 * (ui >> 1) + t) ^ r7) << 4) + 8 * (ui & 1));
-                  codes[2 * t] = v.x; codes[2 * t + 1] = v.y;
-                }
-              }
-#pragma unroll
-              for (int j = 0; j < (Tr::kFp4 ? 4 : 2); ++j) {
-                const int gis = Tr::kFp4 ? GroupInSlab<V>(ui, j) : 2 * ui + j;
-                sf[j] = Lds8(sfb + (gis >> 2) * 512 + (gis & 3));
-                valid[j] = slab * Tr::kGroupsPerSlab + gis < p.k_groups;
-              }
+              uint32_t codes[16], sf[4];
+              bool valid[4];
+              GatherRowUnit<V>(
+                  ui, slab, p.k_groups,
+                  [&](int chunk, int half) {  // the raw stage is 128B-swizzled
+                    if constexpr (!Tr::kFp4) {
+                      return Lds128(raw + ((chunk ^ r7) << 4));
+                    } else {
+                      const uint2 v = Lds64(raw + ((chunk ^ r7) << 4) + 8 * half);
+                      return make_uint4(v.x, v.y, 0, 0);
+                    }
+                  },
+                  [&](int gis) { return Lds8(sfb + (gis >> 2) * 512 + (gis & 3)); }, codes, sf, valid);
               ConvertRowUnit<V>(codes, sf, valid, [&](int chunk, uint32_t x, uint32_t y, uint32_t z, uint32_t w) {
                 Sts128(dst + ((chunk ^ r7) << 4), x, y, z, w);
               });
@@ -1290,7 +1320,7 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
           const uint64_t desc_b = SmemDesc128B(smem + S::kOffBufB + b_stage * S::kBufB);  // this unit's BF16 B
           // This unit's A codes (16 bytes per row: chunk `chunk` of the row, 128B-swizzled; every
           // row of this thread has row % 8 == gr) and, fp4, scale bytes of (mi, rr) packed in svp.
-          const int chunk = Tr::kFp4 ? 4 * (ui >> 1) + t : 4 * ui + t;
+          const int chunk = UnitChunk<V>(ui, t);
           const uint32_t a_addr = raw_a + a_row_off + (((chunk ^ gr) << 4) | (Tr::kFp4 ? 8 * (ui & 1) : 0));
           const uint32_t s_addr = sfa + (gis >> 2) * 512 + (gis & 3);
           uint32_t rawv[MI][2][RW];

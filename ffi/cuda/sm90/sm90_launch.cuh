@@ -43,8 +43,8 @@ cudaError_t LaunchVariant3(const LaunchCtx& ctx);  // e2m1, e8m0/16
 cudaError_t LaunchVariant4(const LaunchCtx& ctx);  // e2m1, e4m3/16 (NVFP4)
 
 // Loads the seven kernels of variant V (two tile heights, with and without split-K; tile 256 with
-// pre-converted A, B or both) on the current device and raises their dynamic shared-memory limit. Must run
-// outside stream capture (it may load the module lazily): see Prepare().
+// pre-converted A, B or both) on the current device and raises their dynamic shared-memory limit.
+// Must run outside stream capture (it may load the module lazily): see Prepare().
 cudaError_t PrepareVariant0();
 cudaError_t PrepareVariant1();
 cudaError_t PrepareVariant2();

@@ -336,6 +336,8 @@ static void SetPre(sm90::LaunchOptions& o, int pre) {
   o.preconvert_b = pre < 0 ? -1 : (pre & 1) ? 1 : 0;
   o.preconvert_a = pre < 0 ? -1 : (pre & 2) ? 1 : 0;
 }
+// "", "A", "B" or "AB": the operands a launch pre-converts.
+static const char* PreName(bool a, bool b) { return a ? (b ? "AB" : "A") : b ? "B" : ""; }
 
 // Runs the kernel on hp (with c_type set) and compares against ref.
 static bool RunAndCheck(HostProblem& hp, const Ref& ref, OutputType ct, int force_tile, const char* tag,
@@ -388,9 +390,9 @@ static bool RunAndCheck(HostProblem& hp, const Ref& ref, OutputType ct, int forc
   } else {
     ++g_fail;
   }
-  printf("  [%s] %-40s C=%-4s tile=%d splits=%d whole=%d%s  bad=%lld/%lld worst=%.3g amax[0]=%.8g ref=%.8g\n",
+  printf("  [%s] %-40s C=%-4s tile=%d splits=%d whole=%d pre=%s  bad=%lld/%lld worst=%.3g amax[0]=%.8g ref=%.8g\n",
          ok ? "PASS" : "FAIL", tag, CName(ct), force_tile, force_splits, force_whole_tiles,
-         pre <= 0 ? "" : pre == 1 ? " preB" : pre == 2 ? " preA" : " preAB", static_cast<long long>(bad),
+         pre < 0 ? "auto" : PreName(pre & 2, pre & 1), static_cast<long long>(bad),
          static_cast<long long>(total), worst, amax[0], ref.amax[0]);
   if (first_bad >= 0) {
     const int64_t i = first_bad;
@@ -629,8 +631,8 @@ static void Bench(int iters, const std::vector<Shape>& shapes) {
     sm90::PlanInfo plan;
     CK(sm90::PlanFor(p, sm90::WorkspaceBytes(p), o, &plan));
     char plan_name[32];  // tile height / splits / tiles run whole first
-    snprintf(plan_name, sizeof plan_name, "%d/%d/%d%s", plan.tile_m, plan.splits, plan.whole_tiles,
-             plan.preconvert_a ? (plan.preconvert_b ? "+AB" : "+A") : plan.preconvert_b ? "+B" : "");
+    const char* pre = PreName(plan.preconvert_a, plan.preconvert_b);
+    snprintf(plan_name, sizeof plan_name, "%d/%d/%d%s%s", plan.tile_m, plan.splits, plan.whole_tiles, *pre ? "+" : "", pre);
     // correctness spot-check of the measured output
     std::vector<uint8_t> ha(abytes), hb(bbytes), hsa(sfab), hsb(sfbb);
     std::vector<uint16_t> hc(s.m * s.n);

@@ -29,7 +29,7 @@ so=$(python3 -c "import jax_gemm_amax._jax_gemm_amax as e; print(e.__file__)")
 echo "SASS: HGMMA $(cuobjdump --dump-sass "$so" | grep -c HGMMA), local-memory ops $(cuobjdump --dump-sass "$so" | grep -cE '\b(LDL|STL)\b')"
 
 if run_stage tests; then
-  timeout 480 python3 -m pytest -q -p no:cacheprovider --durations=10 "$REPO/tests" > "$OUT/pytest.log" 2>&1
+  timeout 480 python3 -m pytest -q -rs -p no:cacheprovider --durations=10 "$REPO/tests" > "$OUT/pytest.log" 2>&1
   echo "pytest rc=$?"; tail -14 "$OUT/pytest.log"
   stamp "tests"
 fi

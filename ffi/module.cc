@@ -1,7 +1,14 @@
 // The Python extension: hands the FFI handlers to jax_gemm_amax._ffi as capsules.
 #include <nanobind/nanobind.h>
 
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
 #include "xla/ffi/api/c_api.h"
+#if JGA_WITH_CUDA
+#include "cuda/sm90/gemm_amax_sm90.h"
+#endif
 
 namespace nb = nanobind;
 
@@ -17,6 +24,24 @@ template <typename Fn>
 nb::capsule Capsule(Fn* fn) {
   return nb::capsule(reinterpret_cast<void*>(fn));
 }
+
+#if JGA_WITH_CUDA
+// C is f32 (its type changes neither rule); `supported`: raise unless the kernel takes the problem.
+jga::GemmAmaxProblem Sm90Problem(int64_t batch, int64_t m, int64_t n, int64_t k, int32_t ab_type, int32_t sf_type,
+                                 int32_t sf_vec_size, bool supported) {
+  jga::GemmAmaxProblem p;
+  p.batch = batch;
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  p.ab_type = static_cast<jga::OperandType>(ab_type);
+  p.sf_type = static_cast<jga::ScaleType>(sf_type);
+  p.sf_vec_size = sf_vec_size;
+  p.c_type = jga::OutputType::kF32;
+  if (const char* why = supported ? jga::sm90::Unsupported(p) : nullptr) throw std::invalid_argument(why);
+  return p;
+}
+#endif
 
 }  // namespace
 
@@ -38,4 +63,27 @@ NB_MODULE(_jax_gemm_amax, m) {
     return targets;
   });
   m.attr("built_with_cuda") = bool(JGA_WITH_CUDA);
+#if JGA_WITH_CUDA
+  // The SM90 kernel's host-side rules, for tests: the workspace a call must be offered (mirrored by
+  // primitive._cuda_workspace_bytes) and the plan the current device picks with a given workspace.
+  // Types as in common/problem.h (OperandType, ScaleType).
+  m.def("sm90_workspace_bytes", [](int64_t batch, int64_t m, int64_t n, int64_t k, int32_t ab_type, int32_t sf_type,
+                                   int32_t sf_vec_size) {
+    return jga::sm90::WorkspaceBytes(Sm90Problem(batch, m, n, k, ab_type, sf_type, sf_vec_size, false));
+  });
+  m.def("sm90_plan", [](int64_t batch, int64_t m, int64_t n, int64_t k, int32_t ab_type, int32_t sf_type,
+                        int32_t sf_vec_size, size_t workspace_bytes) {
+    jga::sm90::PlanInfo info;
+    const cudaError_t err = jga::sm90::PlanFor(Sm90Problem(batch, m, n, k, ab_type, sf_type, sf_vec_size, true),
+                                               workspace_bytes, jga::sm90::LaunchOptions{}, &info);
+    if (err != cudaSuccess) throw std::runtime_error(std::string("sm90_plan: ") + cudaGetErrorString(err));
+    nb::dict plan;
+    plan["tile_m"] = info.tile_m;
+    plan["splits"] = info.splits;
+    plan["whole_tiles"] = info.whole_tiles;
+    plan["preconvert_a"] = info.preconvert_a;
+    plan["preconvert_b"] = info.preconvert_b;
+    return plan;
+  });
+#endif
 }

@@ -61,3 +61,24 @@ def test_workspace_counts_every_batch_item():
     assert _cuda_workspace_bytes(4, 256, 512, 512, False) == 256 + 3 * 4 * 256 * 512 * 4
     # 2 items of 4096 x 4096: the BF16 B and A of both.
     assert _cuda_workspace_bytes(2, 4096, 4096, 4096, False) == 2 * 2 * 4096 * 4096 * 2
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp8_e5m2", "mxfp4", "nvfp4"])
+def test_workspace_rule_matches_the_kernel_library(fmt, batch, monkeypatch):
+    """primitive._cuda_workspace_bytes mirrors WorkspaceBytes in gemm_amax_sm90.cu, which the
+    extension exposes: the two must agree on every side of each threshold (split-K slots, the 16 MB
+    cap, the BF16 copies of B at M >= 4096 and of A at N >= 4096, the 1 GiB cap, K tails)."""
+    monkeypatch.delenv("JAX_GEMM_AMAX_PRECONVERT", raising=False)
+    ab_type, sf_type, sfv = {"mxfp8_e4m3": (0, 0, 32), "mxfp8_e5m2": (1, 0, 32), "mxfp4": (2, 0, 32),
+                             "nvfp4": (2, 1, 16)}[fmt]
+    packed = ab_type == 2
+    sizes = [1, 100, 256, 257, 1000, 2048, 4095, 4096, 4100, 8192, 20000]
+    for m in sizes:
+        for n in sizes:
+            for k in (64, 352, 4096, 65536):
+                if k % sfv or (packed and k % 32):
+                    continue
+                row_bytes = k // 2 if packed else k
+                want = _ffi._ext.sm90_workspace_bytes(batch, m, n, k, ab_type, sf_type, sfv)
+                assert _cuda_workspace_bytes(batch, m, n, row_bytes, packed) == want, (m, n, k)

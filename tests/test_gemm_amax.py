@@ -11,6 +11,8 @@ import pytest
 
 import jax_gemm_amax as jga
 import npref
+from jax_gemm_amax import _ffi
+from jax_gemm_amax.primitive import _cuda_workspace_bytes
 
 E8M0 = ml_dtypes.float8_e8m0fnu
 E4M3 = ml_dtypes.float8_e4m3fn
@@ -260,9 +262,15 @@ def test_preconverted_operands_match_in_kernel_conversion(fmt, m, n, monkeypatch
     (A from shared memory instead of registers): f32 C must agree bit for bit (K tail, partial
     tiles, M not a multiple of 8), and with the float64 product. The shapes are ones whose plan is
     tile 256 unsplit on a 132-SM H200 (few tiles would take split-K or tile 128, and nothing would
-    be pre-converted)."""
+    be pre-converted); the kernel library's own plan query says whether that holds on this GPU."""
     k = 352
     sfv = 16 if fmt == "nvfp4" else 32
+    ab_type, sf_type = {"mxfp8_e4m3": (0, 0), "mxfp4": (2, 0), "nvfp4": (2, 1)}[fmt]
+    row_bytes = k if ab_type == 0 else k // 2
+    plan = _ffi._ext.sm90_plan(1, m, n, k, ab_type, sf_type, sfv, _cuda_workspace_bytes(1, m, n, row_bytes, ab_type == 2))
+    want = {"preconvert_a": n >= 4096, "preconvert_b": m >= 4096}
+    if {key: plan[key] for key in want} != want:
+        pytest.skip(f"this GPU's plan at {m}x{n}x{k} is {plan}, which does not pre-convert {want}")
     kx, kw = jax.random.split(jax.random.key(11))
     qa, sfa = jga.quantize(jax.random.normal(kx, (m, k), jnp.float32), fmt)
     qb, sfb = jga.quantize(jax.random.normal(kw, (n, k), jnp.float32), fmt)

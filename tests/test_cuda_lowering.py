@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import pytest
 
 import jax_gemm_amax as jga
+import npref
 from jax_gemm_amax import _ffi
 from jax_gemm_amax.primitive import _cuda_workspace_bytes
 
@@ -70,8 +71,7 @@ def test_workspace_rule_matches_the_kernel_library(fmt, batch, monkeypatch):
     extension exposes: the two must agree on every side of each threshold (split-K slots, the 16 MB
     cap, the BF16 copies of B at M >= 4096 and of A at N >= 4096, the 1 GiB cap, K tails)."""
     monkeypatch.delenv("JAX_GEMM_AMAX_PRECONVERT", raising=False)
-    ab_type, sf_type, sfv = {"mxfp8_e4m3": (0, 0, 32), "mxfp8_e5m2": (1, 0, 32), "mxfp4": (2, 0, 32),
-                             "nvfp4": (2, 1, 16)}[fmt]
+    ab_type, sf_type, sfv = npref.sm90_problem_types(fmt)
     packed = ab_type == 2
     sizes = [1, 100, 256, 257, 1000, 2048, 4095, 4096, 4100, 8192, 20000]
     for m in sizes:

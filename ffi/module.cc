@@ -64,12 +64,13 @@ NB_MODULE(_jax_gemm_amax, m) {
   });
   m.attr("built_with_cuda") = bool(JGA_WITH_CUDA);
 #if JGA_WITH_CUDA
-  // The SM90 kernel's host-side rules, for tests: the workspace a call must be offered (mirrored by
-  // primitive._cuda_workspace_bytes) and the plan the current device picks with a given workspace.
-  // Types as in common/problem.h (OperandType, ScaleType).
+  // The SM90 kernel's host-side rules: the workspace a call is offered (the JAX lowering sizes the
+  // custom call's workspace result with it; host arithmetic, no GPU needed) and, for tests, the plan
+  // the current device picks with a given workspace. Types as in common/problem.h (OperandType,
+  // ScaleType).
   m.def("sm90_workspace_bytes", [](int64_t batch, int64_t m, int64_t n, int64_t k, int32_t ab_type, int32_t sf_type,
-                                   int32_t sf_vec_size) {
-    return jga::sm90::WorkspaceBytes(Sm90Problem(batch, m, n, k, ab_type, sf_type, sf_vec_size, false));
+                                   int32_t sf_vec_size, bool offer_copies) {
+    return jga::sm90::WorkspaceBytes(Sm90Problem(batch, m, n, k, ab_type, sf_type, sf_vec_size, false), offer_copies);
   });
   m.def("sm90_plan", [](int64_t batch, int64_t m, int64_t n, int64_t k, int32_t ab_type, int32_t sf_type,
                         int32_t sf_vec_size, size_t workspace_bytes) {

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 try:
     from . import _jax_gemm_amax as _ext
@@ -22,3 +24,31 @@ for _name, _capsule in _ext.cpu_targets().items():
     jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")
 for _name, _capsule in _ext.cuda_targets().items():
     jax.ffi.register_ffi_target(_name, _capsule, platform="CUDA")
+
+
+# OperandType / ScaleType as numbered in ffi/common/problem.h (packed FP4 arrives as uint8).
+_OPERAND_TYPES = {
+    np.dtype(jnp.float8_e4m3fn): 0,
+    np.dtype(jnp.float8_e5m2): 1,
+    np.dtype(jnp.float4_e2m1fn): 2,
+    np.dtype(np.uint8): 2,
+}
+_SCALE_TYPES = {np.dtype(jnp.float8_e8m0fnu): 0, np.dtype(jnp.float8_e4m3fn): 1}
+
+
+def _sm90_problem(batch, m, n, k, operand_dtype, scale_dtype, sf_vec_size):
+    return (batch, m, n, k, _OPERAND_TYPES[np.dtype(operand_dtype)], _SCALE_TYPES[np.dtype(scale_dtype)], sf_vec_size)
+
+
+def sm90_workspace_bytes(batch, m, n, k, operand_dtype, scale_dtype, sf_vec_size, offer_copies=True) -> int:
+    """The SM90 kernel library's workspace rule (WorkspaceBytes in ffi/cuda/sm90/gemm_amax_sm90.cu):
+    per-tile split-K counters and fp32 partial tiles (for every tile when there are few, else 16 MB
+    for the last wave's tiles), or, if larger and offer_copies, the BF16 copies of the operands it
+    may convert once per call. k in elements. Host arithmetic: no GPU needed."""
+    return _ext.sm90_workspace_bytes(*_sm90_problem(batch, m, n, k, operand_dtype, scale_dtype, sf_vec_size), offer_copies)
+
+
+def sm90_plan(batch, m, n, k, operand_dtype, scale_dtype, sf_vec_size, workspace_bytes) -> dict:
+    """The plan the SM90 kernel picks on the current GPU (tile_m, splits, whole_tiles, preconvert_a,
+    preconvert_b), for tests and reports."""
+    return _ext.sm90_plan(*_sm90_problem(batch, m, n, k, operand_dtype, scale_dtype, sf_vec_size), workspace_bytes)

@@ -75,39 +75,15 @@ def _ffi_lowering(ctx, a, b, sfa, sfb, *, target, c_dtype, sf_vec_size, tile_m, 
     )
 
 
-# Device workspace of the SM90 kernel (C++: sm90::WorkspaceBytes in gemm_amax_sm90.{h,cu}, which
-# this mirrors; a different size only narrows the kernel's choice of plans, it never breaks a call).
-_SM90_MAX_SPLITS = 4
-_SM90_SPLIT_MAX_ELEMS = 1 << 22  # fp32 elements of partial tiles, at most
-_SM90_PRECONVERT_B_MIN_M = 4096  # M from which B is offered room for its BF16 copy
-_SM90_PRECONVERT_A_MIN_N = 4096  # N from which A is offered room for its BF16 copy
-_SM90_PRECONVERT_MAX_BYTES = 1 << 30
-
-
-def _cuda_workspace_bytes(batch: int, m: int, n: int, row_bytes: int, packed_fp4: bool) -> int:
-    """Device workspace the CUDA handler gets (the same rule as WorkspaceBytes in
-    ffi/cuda/sm90/gemm_amax_sm90.cu): per-tile split-K counters and fp32 partial tiles, for every
-    tile when there are few, else 16 MB for the last wave's tiles; or, if larger, the BF16 copies
-    of the operands the kernel may convert once per call (B with many rows, A with many columns; 2
-    bytes per element, K padded to 128-byte slabs of codes, A's rows to 8).
-    JAX_GEMM_AMAX_PRECONVERT=0 (read when a program is lowered) withholds the copies: less memory,
-    both operands converted inside the GEMM (~10-25% slower on large problems)."""
-    cdiv = lambda x, y: -(-x // y)  # noqa: E731
-    elems = cdiv(m, 256) * 256 * cdiv(n, 128) * 128 * batch
-    slots = _SM90_MAX_SPLITS - 1 if elems <= _SM90_SPLIT_MAX_ELEMS // 4 else 1
-    counters = cdiv(cdiv(m, 128) * cdiv(n, 128) * batch * 4, 256) * 256
-    split_bytes = counters + min(slots * elems, _SM90_SPLIT_MAX_ELEMS) * 4
-    if os.environ.get("JAX_GEMM_AMAX_PRECONVERT", "1") == "0":
-        return split_bytes
-    converted_row = cdiv(row_bytes, 128) * (4 if packed_fp4 else 2) * 128
-    b_bytes = batch * n * converted_row
-    a_bytes = batch * cdiv(m, 8) * 8 * converted_row
-    copies = 0
-    if m >= _SM90_PRECONVERT_B_MIN_M and b_bytes <= _SM90_PRECONVERT_MAX_BYTES:
-        copies += b_bytes
-    if n >= _SM90_PRECONVERT_A_MIN_N and a_bytes <= _SM90_PRECONVERT_MAX_BYTES:
-        copies += a_bytes
-    return max(split_bytes, copies)
+def _cuda_workspace_bytes(batch, m, n, k, operand_dtype, scale_dtype, sf_vec_size) -> int:
+    """Device workspace the CUDA handler gets: the SM90 kernel library's own rule, asked through the
+    extension (``_ffi.sm90_workspace_bytes``; a different size would only narrow its plans). The
+    BF16 copies of the operands it may convert once per call (B with many rows, A with many
+    columns; 2 bytes per element) are included unless JAX_GEMM_AMAX_PRECONVERT=0 (read when a
+    program is lowered): less memory, both operands converted inside the GEMM (~10-25% slower on
+    large problems)."""
+    offer_copies = os.environ.get("JAX_GEMM_AMAX_PRECONVERT", "1") != "0"
+    return _ffi.sm90_workspace_bytes(batch, m, n, k, operand_dtype, scale_dtype, sf_vec_size, offer_copies)
 
 
 def _cuda_lowering(ctx, a, b, sfa, sfb, **params):
@@ -121,8 +97,9 @@ def _cuda_lowering(ctx, a, b, sfa, sfb, **params):
     a_aval = ctx.avals_in[0]
     batch, m, row_bytes = a_aval.shape  # FP8: one byte per element; packed FP4: two elements per byte
     n = ctx.avals_in[1].shape[1]
-    packed_fp4 = np.dtype(a_aval.dtype) == PACKED_FP4
-    workspace = ShapedArray((_cuda_workspace_bytes(batch, m, n, row_bytes, packed_fp4),), np.uint8)
+    k = row_bytes * (2 if np.dtype(a_aval.dtype) == PACKED_FP4 else 1)
+    nbytes = _cuda_workspace_bytes(batch, m, n, k, a_aval.dtype, ctx.avals_in[2].dtype, params["sf_vec_size"])
+    workspace = ShapedArray((nbytes,), np.uint8)
     ctx3 = ctx.replace(avals_out=[*ctx.avals_out, workspace])
     c, amax, _ = _ffi_lowering(ctx3, a, b, sfa, sfb, target=_ffi.CUDA_TARGET, **params)
     return [c, amax]

@@ -142,13 +142,3 @@ def assert_c_close(c: np.ndarray, c_dtype_name: str, ref: np.ndarray, abssum: np
         f"got {got[bad][0]}, want {want[bad][0]} (tol {tol[bad][0]})"
     )
 
-
-def sm90_problem_types(fmt: str) -> tuple[int, int, int]:
-    """(ab_type, sf_type, sf_vec_size) of a format for the extension's sm90_* host-rule functions:
-    OperandType and ScaleType as numbered in ffi/common/problem.h."""
-    from jax_gemm_amax import FORMATS  # here: the rest of this oracle does not need the package
-
-    f = FORMATS[fmt]
-    ab_type = {"float8_e4m3fn": 0, "float8_e5m2": 1, "float4_e2m1fn": 2}[f.value_dtype.name]
-    sf_type = {"float8_e8m0fnu": 0, "float8_e4m3fn": 1}[f.scale_dtype.name]
-    return ab_type, sf_type, f.sf_vec_size

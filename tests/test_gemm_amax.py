@@ -264,9 +264,10 @@ def test_preconverted_operands_match_in_kernel_conversion(fmt, m, n, monkeypatch
     tile 256 unsplit on a 132-SM H200 (few tiles would take split-K or tile 128, and nothing would
     be pre-converted); the kernel library's own plan query says whether that holds on this GPU."""
     k = 352
-    ab_type, sf_type, sfv = npref.sm90_problem_types(fmt)
-    row_bytes = k if ab_type == 0 else k // 2
-    plan = _ffi._ext.sm90_plan(1, m, n, k, ab_type, sf_type, sfv, _cuda_workspace_bytes(1, m, n, row_bytes, ab_type == 2))
+    f = jga.FORMATS[fmt]
+    sfv = f.sf_vec_size
+    problem = (1, m, n, k, f.value_dtype, f.scale_dtype, sfv)
+    plan = _ffi.sm90_plan(*problem, _cuda_workspace_bytes(*problem))
     want = {"preconvert_a": n >= 4096, "preconvert_b": m >= 4096}
     if {key: plan[key] for key in want} != want:
         pytest.skip(f"this GPU's plan at {m}x{n}x{k} is {plan}, which does not pre-convert {want}")

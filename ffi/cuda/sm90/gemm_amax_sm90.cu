@@ -216,11 +216,11 @@ bool OfferA(const GemmAmaxProblem& p) {
 }
 }  // namespace
 
-size_t WorkspaceBytes(const GemmAmaxProblem& p) {
-  // Mirrored by primitive.py (_cuda_workspace_bytes); a smaller workspace only narrows the plans.
-  // The split-K workspace, or the BF16 copies if larger (no call uses both).
+size_t WorkspaceBytes(const GemmAmaxProblem& p, bool offer_copies) {
+  // The JAX lowering asks for this (through the extension); a smaller workspace only narrows the
+  // plans. The split-K workspace, or the BF16 copies if larger (no call uses both).
   const size_t copies = (OfferB(p) ? PreconvertedBBytes(p) : 0) + (OfferA(p) ? PreconvertedABytes(p) : 0);
-  return std::max(SplitWorkspaceBytes(p), copies);
+  return offer_copies ? std::max(SplitWorkspaceBytes(p), copies) : SplitWorkspaceBytes(p);
 }
 
 namespace {

@@ -38,7 +38,7 @@ constexpr long long kPreconvertAMinN = 4096;
 constexpr long long kPreconvertMaxBytes = 1ll << 30;
 size_t PreconvertedBBytes(const GemmAmaxProblem& p);
 size_t PreconvertedABytes(const GemmAmaxProblem& p);
-size_t WorkspaceBytes(const GemmAmaxProblem& p);
+size_t WorkspaceBytes(const GemmAmaxProblem& p, bool offer_copies = true);  // false: split-K only
 
 // Enqueues the whole operation on `stream` (amax reset included). No host sync, no allocation,
 // CUDA-graph capturable. Returns the first CUDA error.

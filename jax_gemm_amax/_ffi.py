@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import numpy as np
+
+from ._problem import E4M3, E8M0_LIKE, FP4_OPERAND, FP8_OPERANDS, PACKED_FP4
 
 try:
     from . import _jax_gemm_amax as _ext
@@ -26,17 +27,14 @@ for _name, _capsule in _ext.cuda_targets().items():
     jax.ffi.register_ffi_target(_name, _capsule, platform="CUDA")
 
 
-# OperandType / ScaleType as numbered in ffi/common/problem.h (packed FP4 arrives as uint8).
-_OPERAND_TYPES = {
-    np.dtype(jnp.float8_e4m3fn): 0,
-    np.dtype(jnp.float8_e5m2): 1,
-    np.dtype(jnp.float4_e2m1fn): 2,
-    np.dtype(np.uint8): 2,
-}
-_SCALE_TYPES = {np.dtype(jnp.float8_e8m0fnu): 0, np.dtype(jnp.float8_e4m3fn): 1}
+# OperandType and ScaleType as numbered in ffi/common/problem.h, decided as DescribeProblem
+# (ffi_problem.cc) does: packed FP4 (uint8) and float4_e2m1fn are e2m1; int8/uint8 scales are e8m0.
+_OPERAND_TYPES = {FP8_OPERANDS[0]: 0, FP8_OPERANDS[1]: 1, FP4_OPERAND: 2, PACKED_FP4: 2}
+_SCALE_TYPES = {**{dt: 0 for dt in E8M0_LIKE}, E4M3: 1}
 
 
 def _sm90_problem(batch, m, n, k, operand_dtype, scale_dtype, sf_vec_size):
+    """The arguments of the extension's sm90_* functions."""
     return (batch, m, n, k, _OPERAND_TYPES[np.dtype(operand_dtype)], _SCALE_TYPES[np.dtype(scale_dtype)], sf_vec_size)
 
 

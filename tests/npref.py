@@ -141,4 +141,3 @@ def assert_c_close(c: np.ndarray, c_dtype_name: str, ref: np.ndarray, abssum: np
         f"{bad.sum()} of {bad.size} elements differ; first at {np.argwhere(bad)[0]}: "
         f"got {got[bad][0]}, want {want[bad][0]} (tol {tol[bad][0]})"
     )
-

@@ -16,9 +16,11 @@ E4M3, E8M0 = jnp.float8_e4m3fn, jnp.float8_e8m0fnu
 pytestmark = pytest.mark.skipif(not _ffi.BUILT_WITH_CUDA, reason="built without the CUDA backend")
 
 
-def _custom_call_results(m, n, k, fmt="mxfp8_e4m3", sfv=32):
+def _custom_call_results(m, n, k, fmt="mxfp8_e4m3", sfv=32, scale_dtype=None):
     qa, sfa = jga.quantize(jnp.ones((m, k), jnp.float32), fmt)
     qb, sfb = jga.quantize(jnp.ones((n, k), jnp.float32), fmt)
+    if scale_dtype is not None:  # e8m0 scales given as raw bytes
+        sfa, sfb = (jax.lax.bitcast_convert_type(x, scale_dtype) for x in (sfa, sfb))
     f = jax.jit(lambda *x: jga.gemm_amax(*x, c_dtype=jnp.bfloat16, sf_vec_size=sfv))
     text = f.trace(qa, qb, sfa, sfb).lower(lowering_platforms=("cuda",)).as_text()
     calls = [line for line in text.splitlines() if "custom_call @jax_gemm_amax_cuda" in line]
@@ -61,3 +63,8 @@ def test_workspace_counts_every_batch_item():
     # 2 items of 4096 x 4096: the BF16 B and A of both.
     assert _cuda_workspace_bytes(2, 4096, 4096, 4096, E4M3, E8M0, 32) == 2 * 2 * 4096 * 4096 * 2
 
+
+@pytest.mark.parametrize("scale_dtype", [jnp.uint8, jnp.int8])
+def test_byte_scales_lower_like_e8m0(scale_dtype):
+    # int8/uint8 scales are read as e8m0: the same custom call, the same workspace.
+    assert _custom_call_results(4096, 4096, 4096, scale_dtype=scale_dtype) == _custom_call_results(4096, 4096, 4096)

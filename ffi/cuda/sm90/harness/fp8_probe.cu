@@ -90,6 +90,13 @@ __global__ void __launch_bounds__(128, 1) PrecisionKernel(const uint8_t* a8, con
   FenceProxyAsync();
   __syncthreads();
   float p[64];
+  auto store = [&](float* out, int b) {  // the partials of block b
+    for (int i = 0; i < 64; ++i) {
+      int r, c;
+      FragCoord(tid, i, r, c);
+      out[(b * 64 + r) * 128 + c] = p[i];
+    }
+  };
   for (int b = 0; b < 4; ++b) {
     FenceOperand(p);
     WgmmaFence();
@@ -97,11 +104,7 @@ __global__ void __launch_bounds__(128, 1) PrecisionKernel(const uint8_t* a8, con
     WgmmaCommit();
     WgmmaWait<0>();
     FenceOperand(p);
-    for (int i = 0; i < 64; ++i) {
-      int r, c;
-      FragCoord(tid, i, r, c);
-      out8[(b * 64 + r) * 128 + c] = p[i];
-    }
+    store(out8, b);
 #pragma unroll
     for (int i = 0; i < 64; ++i) p[i] = 0.f;
     FenceOperand(p);
@@ -111,11 +114,7 @@ __global__ void __launch_bounds__(128, 1) PrecisionKernel(const uint8_t* a8, con
     WgmmaCommit();
     WgmmaWait<0>();
     FenceOperand(p);
-    for (int i = 0; i < 64; ++i) {
-      int r, c;
-      FragCoord(tid, i, r, c);
-      out16[(b * 64 + r) * 128 + c] = p[i];
-    }
+    store(out16, b);
   }
 }
 

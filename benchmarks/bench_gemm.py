@@ -6,8 +6,9 @@ scales per 32) quantized from random data:
   * XLA: dequantize to bf16 -> jnp.dot (cuBLAS) -> amax
   * jax.nn.scaled_matmul (f32 out) -> amax            (GPU only: it has no CPU lowering)
   * cuBLAS bf16 jnp.dot on unscaled bf16 operands, no amax (the bar)
-Each is timed as the median over repeats of (enqueue `--calls` calls, block), reported in
-TFLOP/s = 2MNK / time, and its output is checked against the float32 dequantized product.
+Each is timed as the median over repeats of (enqueue `--calls` calls, block), the candidates
+taking turns in every repeat, reported in TFLOP/s = 2MNK / time, and its output is checked against
+the float32 dequantized product.
 Small problems are bound by JAX's per-call dispatch that way (every path reads ~30 TFLOP/s at
 1024^3 on an H200); `--chain N` makes each call run the operation N times inside one jitted
 function, on N copies of the operands (identical calls on the same operands would be merged by
@@ -38,17 +39,27 @@ GPU_SHAPES = [(8192, 8192, 8192), (4096, 4096, 4096), (16384, 8192, 1024), (2048
 CPU_SHAPES = [(256, 256, 512), (512, 512, 1024)]
 
 
-def timed(fn, args, calls, repeats):
-    out = jax.block_until_ready(fn(*args))  # compile + warm up
-    jax.block_until_ready(fn(*args))
-    samples = []
+def timed_rounds(fns, args, calls, repeats):
+    """{name: (median seconds per call, first output)} for the functions in fns, which take turns:
+    each of `repeats` rounds times `calls` calls of every function, in the same order. These GEMMs
+    run at the GPU's power cap, where the clocks drift with what ran before; taking turns exposes
+    every function to the same drift (timed one after the other, the first could read ~5% off)."""
+    outs = {name: jax.block_until_ready(fn(*args)) for name, fn in fns.items()}  # compile + warm up
+    for fn in fns.values():
+        jax.block_until_ready(fn(*args))
+    samples = {name: [] for name in fns}
     for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
-            last = fn(*args)
-        jax.block_until_ready(last)
-        samples.append((time.perf_counter() - start) / calls)
-    return statistics.median(samples), out
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            for _ in range(calls):
+                last = fn(*args)
+            jax.block_until_ready(last)
+            samples[name].append((time.perf_counter() - start) / calls)
+    return {name: (statistics.median(samples[name]), outs[name]) for name in fns}
+
+
+def timed(fn, args, calls, repeats):
+    return timed_rounds({"": fn}, args, calls, repeats)[""]
 
 
 def chained(fn, n):
@@ -157,8 +168,7 @@ def main():
         ops = chain_operands((qa, qb, sfa, sfb, xa, xb), args.chain)
         ref = None
         tflops = {}
-        for name, fn in cands.items():
-            t, out = timed(fn, ops, args.calls, args.repeats)
+        for name, (t, out) in timed_rounds(cands, ops, args.calls, args.repeats).items():
             tflops[name] = 2 * m * n * k * args.chain / t / 1e12
             c, amax = out if args.chain == 1 else out[0]
             if name.startswith("XLA"):

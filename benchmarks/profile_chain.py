@@ -5,6 +5,7 @@ for small shapes, where the kernel is a fraction of the call.
 
     python benchmarks/profile_chain.py                       # gemm_amax, 20 calls of 1024^3
     python benchmarks/profile_chain.py --peer cublas         # the same chain of cuBLAS bf16 dots
+    python benchmarks/profile_chain.py --peer dequant        # XLA: dequantize -> bf16 dot -> amax
     python benchmarks/profile_chain.py --shape 256x8192x8192 --calls 40 --timeline
 
 XLA flags apply as usual, e.g. XLA_FLAGS=--xla_gpu_enable_command_buffer= (no CUDA graphs).
@@ -23,22 +24,22 @@ import jax.numpy as jnp
 from jax.profiler import ProfileData
 
 import jax_gemm_amax as jga
-from bench_gemm import chain_operands, chained, timed  # this directory is on sys.path when run as a script
+from bench_gemm import build_candidates, chain_operands, chained, timed  # this directory is on sys.path when run as a script
+
+
+# The peers, as bench_gemm.py names its candidates (the same jitted functions are profiled).
+PEERS = {"gemm_amax": "gemm_amax bf16", "dequant": "XLA dequant→bf16 dot→amax", "cublas": "bf16 dot, no scales (cuBLAS)"}
 
 
 def build(peer, m, n, k, calls):
-    """The jitted chain (bench_gemm's, so that both tools time the same program) and its operands."""
+    """The jitted chain (bench_gemm's candidate, so that both tools time the same program) and its operands."""
     x = jax.random.normal(jax.random.key(1), (m, k))
     w = jax.random.normal(jax.random.key(2), (n, k))
-    if peer == "gemm_amax":
-        qa, sfa = jga.quantize(x, "mxfp8_e4m3")
-        qb, sfb = jga.quantize(w, "mxfp8_e4m3")
-        ops = (qa, qb, sfa, sfb)
-        op = lambda qa, qb, sfa, sfb: jga.gemm_amax(qa, qb, sfa, sfb, c_dtype=jnp.bfloat16)  # noqa: E731
-    else:
-        ops = (x.astype(jnp.bfloat16), w.astype(jnp.bfloat16))
-        op = lambda a, b: jnp.dot(a, b.T)  # noqa: E731
-    return chained(op, calls), chain_operands(ops, calls)
+    qa, sfa = jga.quantize(x, "mxfp8_e4m3")
+    qb, sfb = jga.quantize(w, "mxfp8_e4m3")
+    ops = (qa, qb, sfa, sfb, x.astype(jnp.bfloat16), w.astype(jnp.bfloat16))
+    fn = build_candidates(jax.default_backend() == "gpu", "mxfp8_e4m3")[PEERS[peer]]
+    return chained(fn, calls), chain_operands(ops, calls)
 
 
 def summarize(xplane_path, top, timeline):
@@ -64,7 +65,7 @@ def summarize(xplane_path, top, timeline):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--peer", choices=["gemm_amax", "cublas"], default="gemm_amax")
+    parser.add_argument("--peer", choices=sorted(PEERS), default="gemm_amax")
     parser.add_argument("--shape", default="1024x1024x1024", help="MxNxK")
     parser.add_argument("--calls", type=int, default=20, help="calls per jitted function (at least 2)")
     parser.add_argument("--traced", type=int, default=4, help="jitted calls inside the trace")

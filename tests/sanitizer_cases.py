@@ -1,6 +1,6 @@
 """Small gemm_amax calls for `compute-sanitizer --tool memcheck` on a GPU: a partial-tile case
-(M, N not multiples of any tile, K' padded), batched cases and one with A and B pre-converted to BF16,
-each checked for correctness.
+(M, N not multiples of any tile, K' padded), batched cases, one with A and B pre-converted to BF16
+and one split-K plan with A pre-converted, each checked for correctness.
 Not a pytest module: run as `compute-sanitizer --tool memcheck python tests/sanitizer_cases.py`."""
 
 import os
@@ -24,6 +24,8 @@ cases = [
     # M, N >= 4096 and (by the cost model, on a 132-SM H200) a tile-256 unsplit plan: the SM90 kernel
     # converts A and B to BF16 in passes of their own first (K tail, partial tiles, M not a multiple of 8)
     ("pre-converted A and B e4m3 -> bf16", "e4m3", ml_dtypes.float8_e8m0fnu, 32, 4100, 4104, 352, 1, "bfloat16"),
+    # few rows, many columns, long K: tile 256 split-K 2 ways, A pre-converted after the split-K area
+    ("split-K with pre-converted A mxfp4 -> f32", "fp4", ml_dtypes.float8_e8m0fnu, 32, 250, 6000, 8192, 1, "float32"),
 ]
 for name, kind, sf, sfv, m, n, k, batch, c_dtype in cases:
     p = npref.random_problem(rng, kind, sf, sfv, m, n, k, batch=batch)

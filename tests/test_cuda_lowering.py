@@ -32,12 +32,15 @@ def _custom_call_results(m, n, k, fmt="mxfp8_e4m3", sfv=32, scale_dtype=None):
     "m,n,k,workspace",
     [
         (256, 1024, 512, 256 + 3 * 256 * 1024 * 4),  # few tiles: split-K up to 4, 3 partial slots
-        (256, 8192, 8192, 512 + 1 * 256 * 8192 * 4),  # 128 counters (tile 128); one partial slot
+        # 128 counters (tile 128), one partial slot, then the BF16 A (split plans pre-convert A)
+        (256, 8192, 8192, 512 + 1 * 256 * 8192 * 4 + 256 * 8192 * 2),
         (300, 200, 64, 256 + 3 * 512 * 256 * 4),  # padded to 256x128 tiles
-        (8192, 8192, 256, 64 * 64 * 4 + (1 << 22) * 4),  # many tiles: 16 MB of partials (a tail split)
+        # many tiles: 16 MB of partials (a tail split), then the BF16 A (4 MB; with B' 8 MB, less)
+        (8192, 8192, 256, 64 * 64 * 4 + (1 << 22) * 4 + 8192 * 256 * 2),
         (4096, 4096, 4096, 2 * 4096 * 4096 * 2),  # many rows and columns: the BF16 B and A (64 MB) are larger
         (4096, 1000, 192, 32 * 8 * 4 + (1 << 22) * 4),  # BF16 B (1000 x 256 x 2) smaller than 16 MB
-        (1500, 4096, 8192, 1504 * 8192 * 2),  # many columns: the BF16 A (rows padded to 8) is larger
+        # many columns: 16 MB of partials, then the BF16 A (rows padded to 8)
+        (1500, 4096, 8192, 12 * 32 * 4 + (1 << 22) * 4 + 1504 * 8192 * 2),
     ],
 )
 def test_workspace_is_a_third_result(m, n, k, workspace):

@@ -132,6 +132,7 @@ struct Plan {
   int splits = 1;
   int whole_tiles = 0;     // tiles run unsplit before the split ones (a tail split)
   size_t ready_bytes = 0;  // split-K counters, at the start of the workspace; partials follow
+  size_t split_bytes = 0;  // counters + partials (a multiple of 256); BF16 copies follow them
 };
 
 Plan MakePlan(const GemmAmaxProblem& p, int sms, const LaunchOptions& opt, size_t available, bool preconvert) {
@@ -175,6 +176,7 @@ Plan MakePlan(const GemmAmaxProblem& p, int sms, const LaunchOptions& opt, size_
           best.splits = splits;
           best.whole_tiles = static_cast<int>(whole);
           best.ready_bytes = splits > 1 ? ready_bytes : 0;
+          best.split_bytes = splits > 1 ? need : 0;
         }
       }
     }
@@ -218,27 +220,41 @@ bool OfferA(const GemmAmaxProblem& p) {
 
 size_t WorkspaceBytes(const GemmAmaxProblem& p, bool offer_copies) {
   // The JAX lowering asks for this (through the extension); a smaller workspace only narrows the
-  // plans. The split-K workspace, or the BF16 copies if larger (no call uses both).
-  const size_t copies = (OfferB(p) ? PreconvertedBBytes(p) : 0) + (OfferA(p) ? PreconvertedABytes(p) : 0);
-  return offer_copies ? std::max(SplitWorkspaceBytes(p), copies) : SplitWorkspaceBytes(p);
+  // plans. The split-K workspace, or the BF16 copies if larger (unsplit plans), or the split-K
+  // workspace followed by A's copy (split plans pre-convert A only).
+  const size_t split = SplitWorkspaceBytes(p);
+  if (!offer_copies) return split;
+  const size_t a = OfferA(p) ? PreconvertedABytes(p) : 0, b = OfferB(p) ? PreconvertedBBytes(p) : 0;
+  return std::max(split + a, a + b);
 }
 
 namespace {
 // Which operands this call may pre-convert (kPreA | kPreB; the plan decides whether it does: tile
-// 256 unsplit only): those the options or the size rule ask for, if the workspace holds them (B'
-// at its start, A' after it); A is given up first.
+// 256 only): those the options or the size rule ask for, if the workspace holds them (B' at its
+// start, A' after it); A is given up first.
+bool WantA(const GemmAmaxProblem& p, const LaunchOptions& opt) {
+  return opt.preconvert_a == 1 || (opt.preconvert_a < 0 && OfferA(p));
+}
 int PreconvertPossible(const GemmAmaxProblem& p, size_t workspace_bytes, const LaunchOptions& opt) {
   const bool want_b = opt.preconvert_b == 1 || (opt.preconvert_b < 0 && OfferB(p));
-  const bool want_a = opt.preconvert_a == 1 || (opt.preconvert_a < 0 && OfferA(p));
+  const bool want_a = WantA(p, opt);
   const size_t b = want_b ? PreconvertedBBytes(p) : 0, a = want_a ? PreconvertedABytes(p) : 0;
   if (workspace_bytes >= a + b) return (want_a ? kPreA : 0) | (want_b ? kPreB : 0);
   if (want_b && workspace_bytes >= b) return kPreB;
   return 0;
 }
+// Tile 256 unsplit: whatever is possible. Tile 256 split (few rows): A alone, after the split-K
+// workspace; each CTA reads only its own K range of B once, so B's pass would not pay, but every
+// n-tile converts the same A rows. The cost model prices only the unsplit case.
 Plan PlanOf(const GemmAmaxProblem& p, int sms, const LaunchOptions& opt, size_t workspace_bytes, int* pre) {
   const int possible = PreconvertPossible(p, workspace_bytes, opt);
   const Plan plan = MakePlan(p, sms, opt, std::min(workspace_bytes, SplitWorkspaceBytes(p)), possible != 0);
-  *pre = (plan.mi == 2 && plan.splits == 1) ? possible : 0;
+  *pre = 0;
+  if (plan.mi == 2 && plan.splits == 1) {
+    *pre = possible;
+  } else if (plan.mi == 2 && WantA(p, opt) && workspace_bytes >= plan.split_bytes + PreconvertedABytes(p)) {
+    *pre = kPreA;
+  }
   return plan;
 }
 
@@ -288,8 +304,8 @@ cudaError_t LaunchWithOptions(const GemmAmaxProblem& p, const GemmAmaxBuffers& b
   const uint64_t kbytes = static_cast<uint64_t>(p.operand_row_bytes());
   const uint32_t box_a = std::min(128 * mi / kAShare, kBoxRows), box_b = std::min(128, kBoxRows);
   // The operands as codes, or (pre-converted) as BF16 units of 128 bytes in the workspace: B' at
-  // its start, A' after it.
-  uint8_t* const b_conv = static_cast<uint8_t*>(workspace);
+  // its start (after the split-K counters and partials, if any), A' after it.
+  uint8_t* const b_conv = static_cast<uint8_t*>(workspace) + plan.split_bytes;
   uint8_t* const a_conv = b_conv + ((pre & kPreB) ? PreconvertedBBytes(p) : 0);
   const uint64_t conv_row_bytes = static_cast<uint64_t>(PreconvertedRowBytes(p));
   const bool ok_a = (pre & kPreA) ? EncodeOperandMap(&ctx.tm_a, a_conv, conv_row_bytes, PreconvertedARows(p), p.batch, box_a)

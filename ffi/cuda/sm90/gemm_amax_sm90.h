@@ -22,17 +22,17 @@ bool Prepared();
 // Split-K (problems with few output tiles, or a last wave with few tiles) keeps fp32 partial
 // tiles and per-tile counters in a device workspace that the caller provides (the JAX lowering: an
 // extra output of the custom call, so that XLA owns it, CUDA graphs included). WorkspaceBytes is
-// the size to offer for `p`: for split-K 16 MB + counters at most, or the pre-converted operands'
-// BF16 copies (below) if larger. Launch picks only plans that fit the workspace given (none or a
+// the size to offer for `p`: for split-K 16 MB + counters at most, plus A's pre-converted BF16
+// copy, or the pre-converted operands' copies (below) if larger. Launch picks only plans that fit the workspace given (none or a
 // smaller one just rules split-K and pre-conversion out). 16-byte aligned; contents irrelevant.
 constexpr int kMaxSplits = 4;
 constexpr long long kSplitMaxElems = 1ll << 22;  // fp32 elements of partial tiles, at most
-// Tile-256 unsplit plans may convert an operand to BF16 once per call in a pass of its own
+// Tile-256 plans may convert an operand to BF16 once per call in a pass of its own
 // (PreconvertKernel, memory-bound) instead of once per tile inside the GEMM: B when there are many
-// rows (M >= kPreconvertBMinM; the pass costs ~ N x K, the GEMM saves ~ M x N x K), A when there
-// are many columns (N >= kPreconvertAMinN). The BF16 copies live in the workspace (B' first, then
-// A'; 2 bytes per element, K padded to a slab, A's rows to 8), each offered when it is at most
-// kPreconvertMaxBytes. The workspace is then the larger of the copies and the split-K one.
+// rows (M >= kPreconvertBMinM; the pass costs ~ N x K, the GEMM saves ~ M x N x K; unsplit plans
+// only), A when there are many columns (N >= kPreconvertAMinN; split-K plans too). The BF16 copies
+// live in the workspace (after the split-K area of a split plan; B' first, then A'; 2 bytes per
+// element, K padded to a slab, A's rows to 8), each offered when it is at most kPreconvertMaxBytes.
 constexpr long long kPreconvertBMinM = 4096;
 constexpr long long kPreconvertAMinN = 4096;
 constexpr long long kPreconvertMaxBytes = 1ll << 30;
@@ -53,7 +53,7 @@ struct LaunchOptions {
   int force_whole_tiles = -1;  // with force_splits > 1: this many tiles run unsplit first (< tiles)
   int preconvert_b = -1;   // -1: by problem size (see kPreconvertBMinM); 0: never; 1: whenever the plan
                            // is tile 256 unsplit and the workspace holds the BF16 B
-  int preconvert_a = -1;   // the same for A (kPreconvertAMinN)
+  int preconvert_a = -1;   // the same for A (kPreconvertAMinN), split-K plans of tile 256 included
   int experiment_flags = 0;  // internal timing experiments (see sm90_kernel.cuh kFlag*); results are wrong
   unsigned long long* trace = nullptr;  // device counters, used by -DJGA_SM90_TRACE builds only
 };

@@ -21,20 +21,21 @@ struct LaunchCtx {
   int device;
   cudaStream_t stream;
   bool after_reset = false;  // a ResetKernel precedes the GEMM: launch it as its programmatic dependent
-  // MI = 2 unsplit only: the operands in `pre` (kPreA | kPreB bits) are converted by PreconvertKernel
-  // (pre_a, pre_b) first, then the kPre GEMM runs.
+  // MI = 2 only: the operands in `pre` (kPreA | kPreB bits; split-K plans: kPreA alone) are
+  // converted by PreconvertKernel (pre_a, pre_b) first, then the kPre GEMM runs.
   int pre = 0;
   PreconvertParams pre_a, pre_b;
 };
 
 // Per device and kernel: how many kCluster-CTA clusters fit on the GPU at once (a persistent grid
 // must be co-resident; not every SM can host a CTA of a cluster). Filled by Prepare*().
-// kind: 0 the plain kernel, 1 split-K, 1 + kPre with pre-converted operands (2-4).
+// kind: 0 the plain kernel, 1 split-K, 1 + kPre with pre-converted operands (2-4), 5 split-K with
+// pre-converted A.
 constexpr int kMaxDevices = 64;
-constexpr int kKernelKinds = 5;
+constexpr int kKernelKinds = 6;
 int& MaxActiveClusters(int device, int variant, int mi, int kind);
 template <bool kSplitK, int kPre>
-constexpr int kKernelKind = kSplitK ? 1 : kPre != 0 ? 1 + kPre : 0;
+constexpr int kKernelKind = kSplitK ? (kPre != 0 ? 5 : 1) : kPre != 0 ? 1 + kPre : 0;
 
 cudaError_t LaunchVariant0(const LaunchCtx& ctx);  // e4m3, e8m0/32
 cudaError_t LaunchVariant1(const LaunchCtx& ctx);  // e5m2, e8m0/32
@@ -42,8 +43,8 @@ cudaError_t LaunchVariant2(const LaunchCtx& ctx);  // e2m1, e8m0/32
 cudaError_t LaunchVariant3(const LaunchCtx& ctx);  // e2m1, e8m0/16
 cudaError_t LaunchVariant4(const LaunchCtx& ctx);  // e2m1, e4m3/16 (NVFP4)
 
-// Loads the seven kernels of variant V (two tile heights, with and without split-K; tile 256 with
-// pre-converted A, B or both) on the current device and raises their dynamic shared-memory limit.
+// Loads the eight kernels of variant V (two tile heights, with and without split-K; tile 256 with
+// pre-converted A, B or both, and split-K with pre-converted A) on the current device and raises their dynamic shared-memory limit.
 // Must run outside stream capture (it may load the module lazily): see Prepare().
 cudaError_t PrepareVariant0();
 cudaError_t PrepareVariant1();
@@ -96,6 +97,7 @@ cudaError_t ConfigureKernels() {
     if (err == cudaSuccess) err = ConfigureKernel<V, MI, false, kPreB>();
     if (err == cudaSuccess) err = ConfigureKernel<V, MI, false, kPreA>();
     if (err == cudaSuccess) err = ConfigureKernel<V, MI, false, kPreA | kPreB>();
+    if (err == cudaSuccess) err = ConfigureKernel<V, MI, true, kPreA>();
   }
   return err;
 }
@@ -126,6 +128,7 @@ cudaError_t LaunchVariantMI(const LaunchCtx& ctx) {
       if (ctx.pre & kPreB) err = LaunchPreconvert<V>(ctx.pre_b, ctx.stream);
       if (err == cudaSuccess && (ctx.pre & kPreA)) err = LaunchPreconvert<V>(ctx.pre_a, ctx.stream);
       if (err != cudaSuccess) return err;
+      if (ctx.params.splits > 1) return LaunchKernel<V, 2, true, kPreA>(ctx, true);  // pre == kPreA
       switch (ctx.pre) {
         case kPreB: return LaunchKernel<V, 2, false, kPreB>(ctx, true);
         case kPreA: return LaunchKernel<V, 2, false, kPreA>(ctx, true);

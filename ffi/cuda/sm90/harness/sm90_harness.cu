@@ -291,18 +291,19 @@ static DevBufs Upload(const HostProblem& hp) {
 // split factor, enough for any plan. One allocation, grown as needed.
 static void* g_ws = nullptr;
 static size_t g_ws_bytes = 0;
+static size_t g_ws_offered = 0;  // the workspace bytes the last launch was given
 static cudaError_t LaunchH(const GemmAmaxProblem& p, const GemmAmaxBuffers& b, const sm90::LaunchOptions& o) {
   const size_t any_plan = static_cast<size_t>(sm90::kMaxSplits) * ((p.m + 255) / 256 * 256) * ((p.n + 127) / 128 * 128) *
                           p.batch * 4 + 1024 * 1024;
-  size_t want = o.force_splits > 1 ? any_plan : sm90::WorkspaceBytes(p);
   const size_t copies = (o.preconvert_b == 1 ? sm90::PreconvertedBBytes(p) : 0) + (o.preconvert_a == 1 ? sm90::PreconvertedABytes(p) : 0);
-  want = std::max(want, copies);
+  const size_t want = o.force_splits > 1 ? any_plan + copies : std::max(sm90::WorkspaceBytes(p), copies);
   if (want > g_ws_bytes) {
     cudaFree(g_ws);
     CK(cudaMalloc(&g_ws, want));
     CK(cudaMemset(g_ws, 0xFF, want));  // poisoned from the start (see RunAndCheck)
     g_ws_bytes = want;
   }
+  g_ws_offered = want;
   return sm90::LaunchWithOptions(p, b, want > 0 ? g_ws : nullptr, want, 0, o);
 }
 
@@ -361,6 +362,8 @@ static bool RunAndCheck(HostProblem& hp, const Ref& ref, OutputType ct, int forc
   CK(LaunchH(p, Bufs(d), opt));
   CK(cudaGetLastError());
   CK(cudaDeviceSynchronize());
+  sm90::PlanInfo plan;  // what the launch did (the operands it pre-converted), for the report
+  CK(sm90::PlanFor(p, g_ws_offered, opt, &plan));
   std::vector<uint8_t> c(d.c_bytes);
   std::vector<float> amax(p.batch);
   CK(cudaMemcpy(c.data(), d.c, d.c_bytes, cudaMemcpyDeviceToHost));
@@ -390,9 +393,9 @@ static bool RunAndCheck(HostProblem& hp, const Ref& ref, OutputType ct, int forc
   } else {
     ++g_fail;
   }
-  printf("  [%s] %-40s C=%-4s tile=%d splits=%d whole=%d pre=%s  bad=%lld/%lld worst=%.3g amax[0]=%.8g ref=%.8g\n",
+  printf("  [%s] %-40s C=%-4s tile=%d splits=%d whole=%d pre=%s(%s)  bad=%lld/%lld worst=%.3g amax[0]=%.8g ref=%.8g\n",
          ok ? "PASS" : "FAIL", tag, CName(ct), force_tile, force_splits, force_whole_tiles,
-         pre < 0 ? "auto" : PreName(pre & 2, pre & 1), static_cast<long long>(bad),
+         pre < 0 ? "auto" : PreName(pre & 2, pre & 1), PreName(plan.preconvert_a, plan.preconvert_b), static_cast<long long>(bad),
          static_cast<long long>(total), worst, amax[0], ref.amax[0]);
   if (first_bad >= 0) {
     const int64_t i = first_bad;
@@ -464,11 +467,13 @@ static void TestAll() {
       for (int splits = 1; splits <= 4; ++splits) {
         RunAndCheck(hp, ref, OutputType::kBF16, 256, "split-K L=2 M=300 N=264 K=1056", splits);
         RunAndCheck(hp, ref, OutputType::kF32, 128, "split-K L=2 M=300 N=264 K=1056", splits);
+        RunAndCheck(hp, ref, OutputType::kF32, 256, "split-K L=2 M=300 N=264 K=1056", splits, -1, 2);  // A pre-converted
       }
       // Tail split: the first tiles whole, the rest split (12 tiles at 256, 18 at 128).
       for (int splits = 2; splits <= 4; ++splits) {
         RunAndCheck(hp, ref, OutputType::kBF16, 256, "tail split L=2 M=300 N=264 K=1056", splits, 5);
         RunAndCheck(hp, ref, OutputType::kF32, 128, "tail split L=2 M=300 N=264 K=1056", splits, 11);
+        RunAndCheck(hp, ref, OutputType::kBF16, 256, "tail split L=2 M=300 N=264 K=1056", splits, 5, 2);
       }
     }
     // NaN scale: one scale of batch 0 is NaN -> amax[0] NaN, the other batch finite.
@@ -793,6 +798,7 @@ int main(int argc, char** argv) {
       RunAndCheck(hp, ref, OutputType::kBF16, 128, kCombos[ci].name);
       RunAndCheck(hp, ref, OutputType::kE2M1x2, 256, kCombos[ci].name);
       RunAndCheck(hp, ref, OutputType::kBF16, 256, kCombos[ci].name, 1, -1, 3);  // pre-converted A and B
+      RunAndCheck(hp, ref, OutputType::kF32, 256, kCombos[ci].name, 2, -1, 2);   // split-K, pre-converted A
     }
     printf("SMALL SUMMARY: %d passed, %d failed\n", g_pass, g_fail);
     return g_fail == 0 ? 0 : 1;

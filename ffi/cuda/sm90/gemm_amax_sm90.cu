@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <climits>
 #include <cstdint>
 #include <mutex>
 
@@ -232,11 +233,14 @@ namespace {
 // Which operands this call may pre-convert (kPreA | kPreB; the plan decides whether it does: tile
 // 256 only): those the options or the size rule ask for, if the workspace holds them (B' at its
 // start, A' after it); A is given up first.
+// PreconvertKernel numbers a copy's 128-byte units with 32-bit ints (256 GiB; the size rule offers
+// at most kPreconvertMaxBytes, options may force more).
+bool CopyFits(size_t bytes) { return bytes / 128 <= static_cast<size_t>(INT_MAX); }
 bool WantA(const GemmAmaxProblem& p, const LaunchOptions& opt) {
-  return opt.preconvert_a == 1 || (opt.preconvert_a < 0 && OfferA(p));
+  return (opt.preconvert_a == 1 || (opt.preconvert_a < 0 && OfferA(p))) && CopyFits(PreconvertedABytes(p));
 }
 int PreconvertPossible(const GemmAmaxProblem& p, size_t workspace_bytes, const LaunchOptions& opt) {
-  const bool want_b = opt.preconvert_b == 1 || (opt.preconvert_b < 0 && OfferB(p));
+  const bool want_b = (opt.preconvert_b == 1 || (opt.preconvert_b < 0 && OfferB(p))) && CopyFits(PreconvertedBBytes(p));
   const bool want_a = WantA(p, opt);
   const size_t b = want_b ? PreconvertedBBytes(p) : 0, a = want_a ? PreconvertedABytes(p) : 0;
   if (workspace_bytes >= a + b) return (want_a ? kPreA : 0) | (want_b ? kPreB : 0);
@@ -270,6 +274,7 @@ PreconvertParams PreconvertPass(const GemmAmaxProblem& p, const void* codes, con
   q.rows = static_cast<int>(rows);
   q.l = static_cast<int>(p.batch);
   q.units_per_row = static_cast<int>(PreconvertedRowBytes(p) / 128);
+  q.units = static_cast<int>(p.batch * rows * q.units_per_row);  // < 2^31 (CopyFits)
   q.k_groups = static_cast<int>(p.k_groups());
   q.k_blocks = static_cast<int>(p.k_blocks());
   q.out_rows = static_cast<int>(is_a ? PreconvertedARows(p) : rows);

@@ -903,27 +903,44 @@ struct PreconvertParams {
   long long sf_batch_stride;
   long long row_bytes;  // bytes of K per row of codes
   int rows, l, units_per_row, k_groups, k_blocks;
+  int units;            // l x rows x units_per_row (< 2^31: the host checks)
   int out_rows;         // rows per batch item of out: rows (B) or rows rounded up to 8 (A)
   int frag_order;       // 1: A (rows permuted within 8-row groups, as above)
 };
 __device__ __forceinline__ int FragOrderRow(int r) {  // the inverse of FragRow within an 8-row group
   return (r & ~7) | ((r & 3) << 1) | ((r >> 2) & 1);
 }
+// A unit's place: batch item l, row r, unit u of the row; Step moves it `by` units on (32-bit
+// arithmetic and no division per step: the divisions were most of the pass's instructions).
+struct UnitPos {
+  int l, r, u;
+  __device__ __forceinline__ UnitPos(int v, const PreconvertParams& q) {
+    const int row_id = v / q.units_per_row;  // l * rows + r
+    u = v - row_id * q.units_per_row;
+    l = row_id / q.rows;
+    r = row_id - l * q.rows;
+  }
+  __device__ __forceinline__ void Step(int by, const PreconvertParams& q) {
+    for (u += by; u >= q.units_per_row; u -= q.units_per_row) {
+      if (++r == q.rows) {
+        r = 0;
+        ++l;
+      }
+    }
+  }
+};
 template <int V>
 __global__ void __launch_bounds__(256) PreconvertKernel(const PreconvertParams q) {
   using Tr = VariantTraits<V>;
   // Lets the GEMM (launched as this kernel's programmatic dependent) start its prologue; its
   // producer waits for this grid (griddepcontrol.wait) before it loads the BF16 operand(s).
   asm volatile("griddepcontrol.launch_dependents;");
-  const long long i = blockIdx.x * 256ll + threadIdx.x;
-  const long long total = static_cast<long long>(q.l) * q.rows * q.units_per_row;
-  const bool live = i < total;  // dead lanes still vote in ConvertRowUnit
-  const long long row_id = live ? i / q.units_per_row : 0;  // l * rows + row
-  const int u = live ? static_cast<int>(i - row_id * q.units_per_row) : 0;
-  const int row = static_cast<int>(row_id % q.rows), l = static_cast<int>(row_id / q.rows);
-  const int slab = u / Tr::kUnitsPerSlab, ui = u % Tr::kUnitsPerSlab;
-  const uint8_t* src = q.codes + row_id * q.row_bytes + slab * 128ll;
-  const uint8_t* sfr = q.sf + l * q.sf_batch_stride + static_cast<long long>(row >> 7) * q.k_blocks * 512;
+  const int i = blockIdx.x * 256 + threadIdx.x;
+  const bool live = i < q.units;  // dead lanes still vote in ConvertRowUnit
+  const UnitPos pos(live ? i : 0, q);
+  const int slab = pos.u / Tr::kUnitsPerSlab, ui = pos.u % Tr::kUnitsPerSlab;
+  const uint8_t* src = q.codes + (static_cast<long long>(pos.l) * q.rows + pos.r) * q.row_bytes + slab * 128ll;
+  const uint8_t* sfr = q.sf + pos.l * q.sf_batch_stride + static_cast<long long>(pos.r >> 7) * q.k_blocks * 512;
   const int k_groups = live ? q.k_groups : 0;  // dead lanes: every group invalid (multiplier 0)
   uint32_t codes[16], sf[4];
   bool valid[4];
@@ -940,7 +957,7 @@ __global__ void __launch_bounds__(256) PreconvertKernel(const PreconvertParams q
       },
       [&](int gis) {
         const int group = slab * Tr::kGroupsPerSlab + gis;
-        return group < k_groups ? static_cast<uint32_t>(__ldg(sfr + (group >> 2) * 512 + SfInBlock(row, group & 3))) : 0u;
+        return group < k_groups ? static_cast<uint32_t>(__ldg(sfr + (group >> 2) * 512 + SfInBlock(pos.r, group & 3))) : 0u;
       },
       codes, sf, valid);
   __shared__ __align__(16) uint4 stage[8][32 * 8];  // per warp: 32 units x 8 chunks
@@ -950,17 +967,18 @@ __global__ void __launch_bounds__(256) PreconvertKernel(const PreconvertParams q
     ws[lane * 8 + (chunk ^ (lane & 7))] = make_uint4(x, y, z, w);
   });
   __syncwarp();
-  const long long warp_first = i - lane;  // the warp's first unit
+  // Store pass r: 16-byte chunk c = 32r + lane of the warp's 4 KB, i.e. chunk c & 7 of the warp's
+  // unit 4r + lane / 8 (unit v, in input order).
+  int v = i - lane + (lane >> 3);
+  UnitPos at(min(v, q.units - 1), q);
 #pragma unroll
-  for (int r = 0; r < 8; ++r) {
-    const int c = r * 32 + lane, unit = c >> 3;  // 16-byte chunk c of the warp's 4 KB
-    const long long v = warp_first + unit;       // its unit, in input order
-    if (v >= total) continue;
-    const long long v_row = v / q.units_per_row;  // l * rows + row of unit v
-    const int v_r = static_cast<int>(v_row % q.rows), v_l = static_cast<int>(v_row / q.rows);
-    const int out_r = q.frag_order ? FragOrderRow(v_r) : v_r;
-    const long long dst = ((static_cast<long long>(v_l) * q.out_rows + out_r) * q.units_per_row + (v - v_row * q.units_per_row));
-    reinterpret_cast<uint4*>(q.out)[dst * 8 + (c & 7)] = ws[unit * 8 + ((c & 7) ^ (unit & 7))];
+  for (int r = 0; r < 8; ++r, v += 4) {
+    if (v >= q.units) break;
+    if (r > 0) at.Step(4, q);
+    const int unit = 4 * r + (lane >> 3), c = lane & 7;
+    const int out_r = q.frag_order ? FragOrderRow(at.r) : at.r;
+    const long long dst = (static_cast<long long>(at.l) * q.out_rows + out_r) * q.units_per_row + at.u;
+    reinterpret_cast<uint4*>(q.out)[dst * 8 + c] = ws[unit * 8 + (c ^ (unit & 7))];
   }
 }
 

@@ -113,8 +113,7 @@ cudaError_t LaunchKernel(const LaunchCtx& ctx, bool programmatic) {
 
 template <int V>
 cudaError_t LaunchPreconvert(const PreconvertParams& q, cudaStream_t stream) {
-  const long long threads = static_cast<long long>(q.l) * q.rows * q.units_per_row;
-  PreconvertKernel<V><<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(q);
+  PreconvertKernel<V><<<static_cast<unsigned>((q.units + 255) / 256), 256, 0, stream>>>(q);
   return cudaGetLastError();
 }
 

@@ -19,9 +19,10 @@
 //     a real (not unrolled) unit loop.
 //   * K is permuted consistently for A and B inside each 64-K unit so that every thread reads
 //     16 contiguous bytes of A per row (one LDS.128) and the converter writes whole 16-byte chunks.
-//   * Pre-converted operands (kPre, tile 256 unsplit, problems with many rows (B) or columns (A)):
-//     PreconvertKernel writes the operand as BF16 in the converter's K order into the workspace
-//     first (memory-bound: 54-62 us for 8192 x 8192 fp8 codes, ncu); the producer TMA-loads it per
+//   * Pre-converted operands (kPre, tile 256, problems with many rows (B, unsplit plans) or columns
+//     (A, split-K plans too)): PreconvertKernel writes the operand as BF16 in the converter's K
+//     order into the workspace first (memory-bound: 54 us for 8192 x 8192 fp8 codes, ncu,
+//     session 11); the producer TMA-loads it per
 //     64-K unit into BF16 buffers. B: the converter warpgroup idles (converting B per tile costs ~12%
 //     of the GEMM, ncu, 8192^3: 1.72 ms vs 1.52). A: the consumers run SS WGMMAs instead of
 //     converting.

@@ -28,3 +28,26 @@ def test_every_repeat_of_a_chain_is_compiled(name, op):
     assert fn.lower(*ops).compile().as_text().count(op) == 3
     first, rest = fn(*ops)
     assert len(rest) == 2
+
+
+def test_candidates_take_turns_and_get_their_own_medians():
+    """bench_gemm.timed_rounds: every round times each candidate once, in the same order (so that the
+    GPU's clock drift reaches all of them alike), and each median is that candidate's own."""
+    calls = []
+
+    def candidate(name, seconds):
+        def fn(x):
+            calls.append(name)
+            deadline = bench_gemm.time.perf_counter() + seconds
+            while bench_gemm.time.perf_counter() < deadline:
+                pass
+            return x + 1
+
+        return fn
+
+    fns = {"slow": candidate("slow", 2e-3), "fast": candidate("fast", 2e-4)}
+    result = bench_gemm.timed_rounds(fns, (jnp.zeros(()),), calls=2, repeats=3)
+    # two warm-up calls each, then 3 rounds of (2 slow, 2 fast)
+    assert calls == ["slow", "fast", "slow", "fast"] + ["slow", "slow", "fast", "fast"] * 3
+    assert result["slow"][0] > 2e-3 > result["fast"][0] > 2e-4
+    assert float(result["slow"][1]) == 1.0

@@ -230,18 +230,21 @@ size_t WorkspaceBytes(const GemmAmaxProblem& p, bool offer_copies) {
 }
 
 namespace {
-// Which operands this call may pre-convert (kPreA | kPreB; the plan decides whether it does: tile
-// 256 only): those the options or the size rule ask for, if the workspace holds them (B' at its
-// start, A' after it); A is given up first.
-// PreconvertKernel numbers a copy's 128-byte units with 32-bit ints (256 GiB; the size rule offers
-// at most kPreconvertMaxBytes, options may force more).
+// The operands the options or the size rule ask to pre-convert. PreconvertKernel numbers a copy's
+// 128-byte units with 32-bit ints (256 GiB; the size rule offers at most kPreconvertMaxBytes,
+// options may force more).
 bool CopyFits(size_t bytes) { return bytes / 128 <= static_cast<size_t>(INT_MAX); }
 bool WantA(const GemmAmaxProblem& p, const LaunchOptions& opt) {
   return (opt.preconvert_a == 1 || (opt.preconvert_a < 0 && OfferA(p))) && CopyFits(PreconvertedABytes(p));
 }
+bool WantB(const GemmAmaxProblem& p, const LaunchOptions& opt) {
+  return (opt.preconvert_b == 1 || (opt.preconvert_b < 0 && OfferB(p))) && CopyFits(PreconvertedBBytes(p));
+}
+// Which operands an unsplit plan may pre-convert (kPreA | kPreB; the plan decides whether it does:
+// tile 256 only): those wanted, if the workspace holds them (B' at its start, A' after it); A is
+// given up first.
 int PreconvertPossible(const GemmAmaxProblem& p, size_t workspace_bytes, const LaunchOptions& opt) {
-  const bool want_b = (opt.preconvert_b == 1 || (opt.preconvert_b < 0 && OfferB(p))) && CopyFits(PreconvertedBBytes(p));
-  const bool want_a = WantA(p, opt);
+  const bool want_b = WantB(p, opt), want_a = WantA(p, opt);
   const size_t b = want_b ? PreconvertedBBytes(p) : 0, a = want_a ? PreconvertedABytes(p) : 0;
   if (workspace_bytes >= a + b) return (want_a ? kPreA : 0) | (want_b ? kPreB : 0);
   if (want_b && workspace_bytes >= b) return kPreB;

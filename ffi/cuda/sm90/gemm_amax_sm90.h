@@ -23,8 +23,9 @@ bool Prepared();
 // tiles and per-tile counters in a device workspace that the caller provides (the JAX lowering: an
 // extra output of the custom call, so that XLA owns it, CUDA graphs included). WorkspaceBytes is
 // the size to offer for `p`: for split-K 16 MB + counters at most, plus A's pre-converted BF16
-// copy, or the pre-converted operands' copies (below) if larger. Launch picks only plans that fit the workspace given (none or a
-// smaller one just rules split-K and pre-conversion out). 16-byte aligned; contents irrelevant.
+// copy, or the pre-converted operands' copies (below) if larger. Launch picks only plans that fit
+// the workspace given (none or a smaller one just rules split-K and pre-conversion out). 16-byte
+// aligned; contents irrelevant.
 constexpr int kMaxSplits = 4;
 constexpr long long kSplitMaxElems = 1ll << 22;  // fp32 elements of partial tiles, at most
 // Tile-256 plans may convert an operand to BF16 once per call in a pass of its own

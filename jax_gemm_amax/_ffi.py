@@ -41,8 +41,9 @@ def _sm90_problem(batch, m, n, k, operand_dtype, scale_dtype, sf_vec_size):
 def sm90_workspace_bytes(batch, m, n, k, operand_dtype, scale_dtype, sf_vec_size, offer_copies=True) -> int:
     """The SM90 kernel library's workspace rule (WorkspaceBytes in ffi/cuda/sm90/gemm_amax_sm90.cu):
     per-tile split-K counters and fp32 partial tiles (for every tile when there are few, else 16 MB
-    for the last wave's tiles), or, if larger and offer_copies, the BF16 copies of the operands it
-    may convert once per call. k in elements. Host arithmetic: no GPU needed."""
+    for the last wave's tiles), and, if offer_copies, room for the BF16 copies of the operands it
+    may convert once per call (after the split-K area: A's copy; alone: A's and B's, if larger).
+    k in elements. Host arithmetic: no GPU needed."""
     return _ext.sm90_workspace_bytes(*_sm90_problem(batch, m, n, k, operand_dtype, scale_dtype, sf_vec_size), offer_copies)
 
 

@@ -22,10 +22,9 @@
 //   * Pre-converted operands (kPre, tile 256, problems with many rows (B, unsplit plans) or columns
 //     (A, split-K plans too)): PreconvertKernel writes the operand as BF16 in the converter's K
 //     order into the workspace first (memory-bound: 54 us for 8192 x 8192 fp8 codes, ncu,
-//     session 11); the producer TMA-loads it per
-//     64-K unit into BF16 buffers. B: the converter warpgroup idles (converting B per tile costs ~12%
-//     of the GEMM, ncu, 8192^3: 1.72 ms vs 1.52). A: the consumers run SS WGMMAs instead of
-//     converting.
+//     session 11); the producer TMA-loads it per 64-K unit into BF16 buffers. B: the converter
+//     warpgroup idles (converting B per tile costs ~12% of the GEMM, ncu, 8192^3: 1.72 ms vs
+//     1.52). A: the consumers run SS WGMMAs instead of converting.
 //   * CTA tile: (128*MI) x 128 (MI = 1 or 2, picked by the host's cost model). A work unit is a
 //     tile, or, in the kSplitK kernels (problems with few tiles), one of `splits` K ranges of a
 //     tile: the other splits hand fp32 partial tiles to the last one through a device workspace.
@@ -409,10 +408,10 @@ __device__ __forceinline__ float AbsMaxNaN(float m, float v) {
   return r;
 }
 
-// Programmatic dependent launch: the kernel may start while the reset kernel before it (which
-// zeroes amax and the split-K counters) still runs; every access to that memory waits for it first.
-// Without the launch attribute this returns at once.
-__device__ __forceinline__ void WaitForResetKernel() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+// Programmatic dependent launch: the kernel may start while the grids before it still run (the
+// reset kernel, which zeroes amax and the split-K counters, and any PreconvertKernel pass); every
+// access to their output waits for them first. Without the launch attribute this returns at once.
+__device__ __forceinline__ void WaitForPrecedingGrids() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 // The 256 consumer threads (named barrier 1; 0 is __syncthreads).
 __device__ __forceinline__ void ConsumerBarrier() { asm volatile("bar.sync 1, 256;" ::: "memory"); }
 
@@ -580,7 +579,7 @@ __device__ __forceinline__ void StorePair(void* c, size_t idx, float v0, float v
 }
 
 __device__ __forceinline__ void FlushAmax(float m, float* amax, int l) {
-  WaitForResetKernel();
+  WaitForPrecedingGrids();
   uint32_t bits = __float_as_uint(m) & 0x7FFFFFFFu;
   bits = __reduce_max_sync(0xFFFFFFFFu, bits);
   // A predicated reduction, not a branch: a divergent branch in the consumer's tile loop makes
@@ -616,7 +615,7 @@ __device__ __forceinline__ void StorePartial(const float (&acc)[MI][64], const K
       __stcg(dst + (mi * 16 + j) * 256, make_float4(acc[mi][4 * j], acc[mi][4 * j + 1], acc[mi][4 * j + 2], acc[mi][4 * j + 3]));
   // The barrier orders every consumer thread's stores before thread 0's release (cumulativity).
   ConsumerBarrier();
-  WaitForResetKernel();
+  WaitForPrecedingGrids();
   asm volatile(
       "{\n"
       ".reg .pred p;\n"
@@ -628,7 +627,7 @@ __device__ __forceinline__ void StorePartial(const float (&acc)[MI][64], const K
 }
 template <int MI>
 __device__ __forceinline__ void AddPartials(float (&acc)[MI][64], const KParams& p, const WorkUnit& w, int ctid) {
-  WaitForResetKernel();
+  WaitForPrecedingGrids();
   const uint32_t need = static_cast<uint32_t>(w.splits - 1);
   const unsigned int* ready = p.tile_ready + (w.tile - p.whole_tiles);
   uint32_t seen;
@@ -1053,7 +1052,7 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
       Tracer tr;
       int stage = 0, phase = 0, b_stage = 0, b_phase = 0, a_stage = 0, a_phase = 0;
       // Pre-converted operands: wait for PreconvertKernel, the grid this one depends on.
-      if constexpr (kPre != 0) WaitForResetKernel();
+      if constexpr (kPre != 0) WaitForPrecedingGrids();
       for (int u = cluster_id; u < p.units_total; u += num_clusters) {
         const WorkUnit wu = DecodeUnit<kSplitK>(p, u);
         const TileCoord pc = DecodeTile(p, wu.tile);

@@ -44,8 +44,9 @@ cudaError_t LaunchVariant3(const LaunchCtx& ctx);  // e2m1, e8m0/16
 cudaError_t LaunchVariant4(const LaunchCtx& ctx);  // e2m1, e4m3/16 (NVFP4)
 
 // Loads the eight kernels of variant V (two tile heights, with and without split-K; tile 256 with
-// pre-converted A, B or both, and split-K with pre-converted A) on the current device and raises their dynamic shared-memory limit.
-// Must run outside stream capture (it may load the module lazily): see Prepare().
+// pre-converted A, B or both, and split-K with pre-converted A) on the current device and raises
+// their dynamic shared-memory limit. Must run outside stream capture (it may load the module
+// lazily): see Prepare().
 cudaError_t PrepareVariant0();
 cudaError_t PrepareVariant1();
 cudaError_t PrepareVariant2();
@@ -123,11 +124,13 @@ cudaError_t LaunchVariantMI(const LaunchCtx& ctx) {
     if (ctx.pre != 0) {
       // The operands -> BF16 first; the GEMM is the last pass's programmatic dependent (the reset
       // kernel, if any, and an earlier pass ran before: stream order).
+      const bool split = ctx.params.splits > 1;
+      if (split && ctx.pre != kPreA) return cudaErrorInvalidConfiguration;  // split plans: A only (PlanOf)
       cudaError_t err = cudaSuccess;
       if (ctx.pre & kPreB) err = LaunchPreconvert<V>(ctx.pre_b, ctx.stream);
       if (err == cudaSuccess && (ctx.pre & kPreA)) err = LaunchPreconvert<V>(ctx.pre_a, ctx.stream);
       if (err != cudaSuccess) return err;
-      if (ctx.params.splits > 1) return LaunchKernel<V, 2, true, kPreA>(ctx, true);  // pre == kPreA
+      if (split) return LaunchKernel<V, 2, true, kPreA>(ctx, true);
       switch (ctx.pre) {
         case kPreB: return LaunchKernel<V, 2, false, kPreB>(ctx, true);
         case kPreA: return LaunchKernel<V, 2, false, kPreA>(ctx, true);

@@ -230,7 +230,7 @@ constexpr int kTraceSlots = 16;
 enum TraceSlot : int {
   kTrConvWaitRaw = 0, kTrConvWaitEmptyB, kTrConvTotal, kTrProducerWait,
   kTrConsWaitRaw = 4, kTrConsWaitFullB, kTrConsWaitMma, kTrConsTotal, kTrConsEpilogue, kTrProducerIssue,
-  kTrConvFence = 10, kTrConvWork, kTrConsConvert, kTrConsIssue,
+  kTrConvFence = 10, kTrConvWork, kTrConsConvert, kTrConsIssue, kTrProducerWaitPre,
 };
 struct Tracer {
 #ifdef JGA_SM90_TRACE
@@ -1044,28 +1044,36 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
   const int num_clusters = gridDim.x / kCluster;
 
   if (warp_idx < 4) {
-    // ======================= WG0: producer (one thread) =======================
-    // A warpgroup of its own: issuing a slab's copies takes ~2000 cycles of this thread (measured
+    // ======================= WG0: producer (warps 0 and 1) =======================
+    // A warpgroup of its own: issuing a slab's copies takes ~2000 cycles of one thread (measured
     // with JGA_SM90_TRACE), which must not delay the B conversion or the MMAs.
     SetMaxNReg<R::kProducerRegs>();
-    if (threadIdx.x == 0) {
+    // Two issuing warps, each gated only by its own ring: warp 0 copies the raw stages (codes and
+    // scales converted in this kernel), warp 1 the pre-converted BF16 units. One thread issuing both
+    // waited for a free A' buffer (held until the consumers' MMAs on it retire) before it could
+    // issue the next raw B slab, so B was prefetched only as deep as the A' ring (1.5 slabs).
+    // 256x8192x8192 (harness): 520 -> 545 TF/s. The whole warp runs the loop and lane 0 issues:
+    // with one lane in a divergent branch, ptxas kept the loop state in vector registers and spilled
+    // them (24 per thread under setmaxnreg).
+    const bool issues_raw = kRawStages > 0 && warp_idx == 0;
+    const bool issues_pre = kPre != 0 && warp_idx == 1;
+    const bool lane0 = threadIdx.x % 32 == 0;
+    constexpr int kPartRows = kBM / kAShare;  // rows of the A slab this CTA loads for all
+    constexpr int kBoxA = kPartRows < kBoxRows ? kPartRows : kBoxRows;  // as the host encodes
+    constexpr int kBoxB = kBN < kBoxRows ? kBN : kBoxRows;
+    if (issues_raw) {  // the codes (and scales) converted in this kernel
       Tracer tr;
-      int stage = 0, phase = 0, b_stage = 0, b_phase = 0, a_stage = 0, a_phase = 0;
-      // Pre-converted operands: wait for PreconvertKernel, the grid this one depends on.
-      if constexpr (kPre != 0) WaitForPrecedingGrids();
+      int stage = 0, phase = 0;
       for (int u = cluster_id; u < p.units_total; u += num_clusters) {
         const WorkUnit wu = DecodeUnit<kSplitK>(p, u);
         const TileCoord pc = DecodeTile(p, wu.tile);
         const int my_nt = pc.nt * kCluster + rank;
-        constexpr int kPartRows = kBM / kAShare;  // rows of the A slab this CTA loads for all
-        constexpr int kBoxA = kPartRows < kBoxRows ? kPartRows : kBoxRows;  // as the host encodes
-        constexpr int kBoxB = kBN < kBoxRows ? kBN : kBoxRows;
         for (int slab = wu.slab_lo; slab < wu.slab_hi; ++slab) {
-          if constexpr (kRawStages > 0) {  // the codes (and scales) converted in this kernel
-            tr.Start();
-            MbarWait(bar_empty_raw + 8 * stage, phase ^ 1);
-            tr.Stop(kTrProducerWait);
-            tr.Start();
+          tr.Start();
+          MbarWait(bar_empty_raw + 8 * stage, phase ^ 1);
+          tr.Stop(kTrProducerWait);
+          tr.Start();
+          if (lane0) {
             const uint32_t fb = bar_full_raw + 8 * stage;
             const bool skip_sf = Experiment(p, kFlagNoScales), skip_b = Experiment(p, kFlagNoBLoad);
             MbarArriveExpectTx(fb, S::kTxBytes - (skip_sf ? S::kSfA + S::kSfB : 0) - (skip_b ? S::kRawB : 0));
@@ -1107,38 +1115,58 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
                 BulkLoad(smem + S::kOffSfB + stage * S::kSfB + j * 512, srcb, 512, fb);
               }
             }
-            tr.Stop(kTrProducerIssue);
-            if (++stage == kRawStages) { stage = 0; phase ^= 1; }
           }
-          // The slab's BF16 units of the pre-converted operands, one buffer each (unit u: bytes
-          // 128u.. of a row).
+          tr.Stop(kTrProducerIssue);
+          if (++stage == kRawStages) { stage = 0; phase ^= 1; }
+        }
+      }
+      tr.Flush(p.trace, lane0);
+    } else if (issues_pre) {  // the slab's BF16 units, one buffer each (unit u: bytes 128u.. of a row)
+      Tracer tr;
+      int a_stage = 0, a_phase = 0, b_stage = 0, b_phase = 0;
+      // The pre-converted operands are PreconvertKernel's output, the grid this one depends on
+      // (the raw operands are the call's inputs: their copies need not wait).
+      WaitForPrecedingGrids();
+      for (int u = cluster_id; u < p.units_total; u += num_clusters) {
+        const WorkUnit wu = DecodeUnit<kSplitK>(p, u);
+        const TileCoord pc = DecodeTile(p, wu.tile);
+        const int my_nt = pc.nt * kCluster + rank;
+        for (int slab = wu.slab_lo; slab < wu.slab_hi; ++slab) {
 #pragma unroll 1
-          for (int ui = 0; ui < kUPS && kPre != 0; ++ui) {
+          for (int ui = 0; ui < kUPS; ++ui) {
             const int k_byte = (slab * kUPS + ui) * 128;
             if constexpr (kPreconvertedA) {
+              tr.Start();
               MbarWait(bar_empty_a + 8 * a_stage, a_phase ^ 1);
-              const uint32_t fba = bar_full_a + 8 * a_stage;
-              MbarArriveExpectTx(fba, S::kBufA);
+              tr.Stop(kTrProducerWaitPre);
+              if (lane0) {
+                const uint32_t fba = bar_full_a + 8 * a_stage;
+                MbarArriveExpectTx(fba, S::kBufA);
 #pragma unroll
-              for (int bx = 0; bx < kBM / kBoxA; ++bx)
-                TmaLoad3D(smem + S::kOffBufA + a_stage * S::kBufA + bx * kBoxA * 128, &tm_a, fba, k_byte,
-                          pc.mt * kBM + bx * kBoxA, pc.l);
+                for (int bx = 0; bx < kBM / kBoxA; ++bx)
+                  TmaLoad3D(smem + S::kOffBufA + a_stage * S::kBufA + bx * kBoxA * 128, &tm_a, fba, k_byte,
+                            pc.mt * kBM + bx * kBoxA, pc.l);
+              }
               if (++a_stage == kAStages) { a_stage = 0; a_phase ^= 1; }
             }
             if constexpr (kPreconvertedB) {
+              tr.Start();
               MbarWait(bar_empty_b + 8 * b_stage, b_phase ^ 1);
-              const uint32_t fbb = bar_full_b + 8 * b_stage;
-              MbarArriveExpectTx(fbb, S::kBufB);
+              tr.Stop(kTrProducerWaitPre);
+              if (lane0) {
+                const uint32_t fbb = bar_full_b + 8 * b_stage;
+                MbarArriveExpectTx(fbb, S::kBufB);
 #pragma unroll
-              for (int bx = 0; bx < kBN / kBoxB; ++bx)
-                TmaLoad3D(smem + S::kOffBufB + b_stage * S::kBufB + bx * kBoxB * 128, &tm_b, fbb, k_byte,
-                          my_nt * kBN + bx * kBoxB, pc.l);
+                for (int bx = 0; bx < kBN / kBoxB; ++bx)
+                  TmaLoad3D(smem + S::kOffBufB + b_stage * S::kBufB + bx * kBoxB * 128, &tm_b, fbb, k_byte,
+                            my_nt * kBN + bx * kBoxB, pc.l);
+              }
               if (++b_stage == kBStages) { b_stage = 0; b_phase ^= 1; }
             }
           }
         }
       }
-      tr.Flush(p.trace, true);
+      tr.Flush(p.trace, lane0);
     }
   } else if (warp_idx < R::kFirstConsumerWarp) {
     // ======================= WG1 (and WG2 at MI = 1): B converters =======================

@@ -177,6 +177,7 @@ constexpr int kFlagNoScales = 64;    // experiment: producer skips the scale-blo
 constexpr int kFlagNoBLoad = 128;    // experiment: producer skips the B tile
 constexpr int kFlagNoFence = 256;    // experiment: converter skips the proxy fence (unsafe)
 constexpr int kFlagHalfConvB = 512;  // experiment: converter rows 64-127 skip the B conversion (wrong results)
+constexpr int kFlagHalfPreA = 1024;  // experiment: only the first half of each pre-converted A unit's rows is loaded (wrong results)
 constexpr int kBN = 128;
 // Epilogue staging buffer of each of the 8 consumer warps (see Epilogue).
 constexpr int kStageBytesPerWarp = 1024;
@@ -1141,10 +1142,11 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
               tr.Stop(kTrProducerWaitPre);
               if (lane0) {
                 const uint32_t fba = bar_full_a + 8 * a_stage;
-                MbarArriveExpectTx(fba, S::kBufA);
+                const bool half = Experiment(p, kFlagHalfPreA);
+                MbarArriveExpectTx(fba, half ? S::kBufA / 2 : S::kBufA);
 #pragma unroll
                 for (int bx = 0; bx < kBM / kBoxA; ++bx)
-                  TmaLoad3D(smem + S::kOffBufA + a_stage * S::kBufA + bx * kBoxA * 128, &tm_a, fba, k_byte,
+                  if (!half || bx < kBM / kBoxA / 2) TmaLoad3D(smem + S::kOffBufA + a_stage * S::kBufA + bx * kBoxA * 128, &tm_a, fba, k_byte,
                             pc.mt * kBM + bx * kBoxA, pc.l);
               }
               if (++a_stage == kAStages) { a_stage = 0; a_phase ^= 1; }

@@ -1046,8 +1046,8 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
 
   if (warp_idx < 4) {
     // ======================= WG0: producer (warps 0 and 1) =======================
-    // A warpgroup of its own: issuing a slab's copies takes ~2000 cycles of one thread (measured
-    // with JGA_SM90_TRACE), which must not delay the B conversion or the MMAs.
+    // A warpgroup of its own: issuing the copies must not delay the B conversion or the MMAs
+    // (session 5: ~2000 cycles per slab when a converter warp issued them; JGA_SM90_TRACE).
     SetMaxNReg<R::kProducerRegs>();
     // Two issuing warps, each gated only by its own ring: warp 0 copies the raw stages (codes and
     // scales converted in this kernel), warp 1 the pre-converted BF16 units. One thread issuing both
@@ -1145,8 +1145,8 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
                 const bool half = Experiment(p, kFlagHalfPreA);
                 MbarArriveExpectTx(fba, half ? S::kBufA / 2 : S::kBufA);
 #pragma unroll
-                for (int bx = 0; bx < kBM / kBoxA; ++bx)
-                  if (!half || bx < kBM / kBoxA / 2) TmaLoad3D(smem + S::kOffBufA + a_stage * S::kBufA + bx * kBoxA * 128, &tm_a, fba, k_byte,
+                for (int bx = 0; bx < (half ? kBM / kBoxA / 2 : kBM / kBoxA); ++bx)
+                  TmaLoad3D(smem + S::kOffBufA + a_stage * S::kBufA + bx * kBoxA * 128, &tm_a, fba, k_byte,
                             pc.mt * kBM + bx * kBoxA, pc.l);
               }
               if (++a_stage == kAStages) { a_stage = 0; a_phase ^= 1; }

@@ -231,7 +231,7 @@ constexpr int kTraceSlots = 16;
 enum TraceSlot : int {
   kTrConvWaitRaw = 0, kTrConvWaitEmptyB, kTrConvTotal, kTrProducerWait,
   kTrConsWaitRaw = 4, kTrConsWaitFullB, kTrConsWaitMma, kTrConsTotal, kTrConsEpilogue, kTrProducerIssue,
-  kTrConvFence = 10, kTrConvWork, kTrConsConvert, kTrConsIssue, kTrProducerWaitPre,
+  kTrConvFence = 10, kTrConvWork, kTrConsConvert, kTrConsIssue, kTrProducerWaitPre, kTrConsWaitPreA,
 };
 struct Tracer {
 #ifdef JGA_SM90_TRACE
@@ -1315,6 +1315,8 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
           for (int ui = 0; ui < kUPS; ++ui) {
             tr.Start();
             MbarWait(bar_full_a + 8 * a_stage, a_phase);
+            tr.Stop(kTrConsWaitPreA);
+            tr.Start();
             MbarWait(bar_full_b + 8 * b_stage, b_phase);
             tr.Stop(kTrConsWaitFullB);
             const uint64_t desc_b = SmemDesc128B(smem + S::kOffBufB + b_stage * S::kBufB);

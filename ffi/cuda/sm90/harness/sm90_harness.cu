@@ -763,9 +763,9 @@ static void OneConfig(int64_t M, int64_t N, int64_t K, int tile, int flags, int 
       const char* names[] = {"conv wait raw", "conv wait emptyB", "conv total", "producer wait",
                              "cons wait raw", "cons wait fullB", "cons wait MMA", "cons total", "cons epilogue",
                              "producer issue", "conv fence+arrive", "conv load+convert+store",
-                             "cons scale+convert", "cons wgmma issue", "producer wait pre"};
+                             "cons scale+convert", "cons wgmma issue", "producer wait pre", "cons wait A'"};
       printf("trace (kcycles per CTA; %.0f slabs per CTA):", slabs);
-      for (int i = 0; i < 15; ++i) printf(" %s=%.0f", names[i], h[i] / 1e3 / sms);
+      for (int i = 0; i < 16; ++i) printf(" %s=%.0f", names[i], h[i] / 1e3 / sms);
       printf("\n  per slab (cycles): producer issue %.0f, cons total %.0f, wait raw %.0f, fullB %.0f, MMA %.0f\n",
              h[9] / slabs / sms, h[7] / slabs / sms, h[4] / slabs / sms, h[5] / slabs / sms, h[6] / slabs / sms);
     }

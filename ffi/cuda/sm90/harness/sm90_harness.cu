@@ -6,6 +6,8 @@
 //                                with and without the amax reduction (and cuBLAS bf16 if built
 //                                with -DJGA_WITH_CUBLAS -lcublas)
 //   sm90_harness small           one small case (for compute-sanitizer)
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -783,6 +785,67 @@ static void OneConfig(int64_t M, int64_t N, int64_t K, int tile, int flags, int 
   d.Free();
 }
 
+// Host time of the pieces of one launch (no device work is timed): where the ~10 us per call go.
+static __global__ void EmptyKernel(int) {}
+static void HostCost(int64_t M, int64_t N, int64_t K) {
+  DevBufs d;
+  const GemmAmaxProblem p = RandomE4M3Problem(M, N, K, d);
+  const sm90::LaunchOptions o;
+  const GemmAmaxBuffers b = Bufs(d);
+  auto time_us = [](const char* what, int n, auto&& fn) {
+    CK(cudaDeviceSynchronize());
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < n; ++i) fn();
+    const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / n;
+    CK(cudaDeviceSynchronize());
+    printf("  %-52s %7.2f us\n", what, us);
+  };
+  const size_t ws = sm90::WorkspaceBytes(p);
+  void* w = nullptr;
+  if (ws > 0) CK(cudaMalloc(&w, ws));
+  printf("host cost per call, %lldx%lldx%lld:\n", (long long)M, (long long)N, (long long)K);
+  CK(sm90::Launch(p, b, w, ws, 0));  // the first call loads the kernels (Prepare): not timed
+  time_us("sm90::Launch (plan, tensor maps, reset, GEMM)", 200, [&] { CK(sm90::Launch(p, b, w, ws, 0)); });
+  sm90::PlanInfo info;
+  time_us("sm90::PlanFor", 2000, [&] { CK(sm90::PlanFor(p, ws, o, &info)); });
+  time_us("sm90::WorkspaceBytes", 2000, [&] { (void)sm90::WorkspaceBytes(p); });
+  time_us("EmptyKernel<<<1, 256>>>", 500, [&] { EmptyKernel<<<1, 256>>>(0); CK(cudaGetLastError()); });
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 1; attr[0].val.clusterDim.y = 1; attr[0].val.clusterDim.z = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(132, 1, 1);
+  cfg.blockDim = dim3(512, 1, 1);
+  cfg.attrs = attr;
+  for (int n : {0, 1, 2}) {
+    cfg.numAttrs = n;
+    const char* names[] = {"cudaLaunchKernelEx, no attributes", "cudaLaunchKernelEx, cluster (1,1,1)",
+                           "cudaLaunchKernelEx, cluster + programmatic"};
+    time_us(names[n], 500, [&] { CK(cudaLaunchKernelEx(&cfg, EmptyKernel, 0)); });
+  }
+  cfg.attrs = attr + 1;
+  cfg.numAttrs = 1;
+  time_us("cudaLaunchKernelEx, programmatic only", 500, [&] { CK(cudaLaunchKernelEx(&cfg, EmptyKernel, 0)); });
+  int dev = 0;
+  time_us("cudaGetDevice", 2000, [&] { CK(cudaGetDevice(&dev)); });
+  void* encode = nullptr;
+  cudaDriverEntryPointQueryResult q;
+  CK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &encode, 12000, cudaEnableDefault, &q));
+  auto fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(encode);
+  CUtensorMap map;
+  cuuint64_t dims[3] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(M), 1};
+  cuuint64_t strides[2] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(K * M)};
+  cuuint32_t box[3] = {128, 64, 1}, estr[3] = {1, 1, 1};
+  time_us("cuTensorMapEncodeTiled (one operand)", 2000, [&] {
+    fn(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, d.a, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  });
+  if (w) cudaFree(w);
+  d.Free();
+}
+
 int main(int argc, char** argv) {
   setvbuf(stdout, nullptr, _IOLBF, 0);  // a crash or a time limit keeps the lines printed so far
   const std::string mode = argc > 1 ? argv[1] : "test";
@@ -808,6 +871,10 @@ int main(int argc, char** argv) {
     Experiments(16384, 8192, 1024, 10);
     return 0;
   }
+  if (mode == "hostcost") {  // hostcost M N K
+    HostCost(atoll(argv[2]), atoll(argv[3]), atoll(argv[4]));
+    return 0;
+  }
   if (mode == "one") {  // one M N K tile flags iters [pre: -1 auto, bits 1 B, 2 A]: a single configuration (for ncu)
     if (argc < 8) return 2;
     OneConfig(atoll(argv[2]), atoll(argv[3]), atoll(argv[4]), atoi(argv[5]), atoi(argv[6]), atoi(argv[7]),
@@ -818,6 +885,6 @@ int main(int argc, char** argv) {
     Bench(argc > 2 ? atoi(argv[2]) : 30, ParseShapes(argc > 3 ? argv[3] : nullptr));
     return 0;
   }
-  fprintf(stderr, "usage: %s [test|small|bench [iters [MxNxK[xL],...]]|one M N K tile flags iters [pre: -1 auto, bits 1 B, 2 A]|exp]\n", argv[0]);
+  fprintf(stderr, "usage: %s [test|small|bench [iters [MxNxK[xL],...]]|one M N K tile flags iters [pre: -1 auto, bits 1 B, 2 A]|hostcost M N K|exp]\n", argv[0]);
   return 2;
 }

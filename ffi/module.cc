@@ -26,9 +26,9 @@ nb::capsule Capsule(Fn* fn) {
 }
 
 #if JGA_WITH_CUDA
-// C is f32 (its type changes neither rule); `supported`: raise unless the kernel takes the problem.
+// C is f32 (its type changes neither rule); require_supported: raise unless the kernel takes the problem.
 jga::GemmAmaxProblem Sm90Problem(int64_t batch, int64_t m, int64_t n, int64_t k, int32_t ab_type, int32_t sf_type,
-                                 int32_t sf_vec_size, bool supported) {
+                                 int32_t sf_vec_size, bool require_supported) {
   jga::GemmAmaxProblem p;
   p.batch = batch;
   p.m = m;
@@ -38,7 +38,7 @@ jga::GemmAmaxProblem Sm90Problem(int64_t batch, int64_t m, int64_t n, int64_t k,
   p.sf_type = static_cast<jga::ScaleType>(sf_type);
   p.sf_vec_size = sf_vec_size;
   p.c_type = jga::OutputType::kF32;
-  if (const char* why = supported ? jga::sm90::Unsupported(p) : nullptr) throw std::invalid_argument(why);
+  if (const char* why = require_supported ? jga::sm90::Unsupported(p) : nullptr) throw std::invalid_argument(why);
   return p;
 }
 #endif

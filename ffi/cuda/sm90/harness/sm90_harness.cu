@@ -7,8 +7,6 @@
 //                                with -DJGA_WITH_CUBLAS -lcublas)
 //   sm90_harness small           one small case (for compute-sanitizer)
 //   sm90_harness hostcost M N K  host time of one call, piece by piece
-#include <cuda.h>
-#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -831,27 +829,6 @@ static void HostCost(int64_t M, int64_t N, int64_t K) {
   time_us("cudaLaunchKernelEx, programmatic only", 500, [&] { CK(cudaLaunchKernelEx(&cfg, EmptyKernel, 0)); });
   int dev = 0;
   time_us("cudaGetDevice", 2000, [&] { CK(cudaGetDevice(&dev)); });
-  void* encode = nullptr;
-  cudaDriverEntryPointQueryResult q;
-  CK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &encode, 12000, cudaEnableDefault, &q));
-  if (q != cudaDriverEntryPointSuccess || encode == nullptr) {
-    fprintf(stderr, "cuTensorMapEncodeTiled: no driver entry point\n");
-    exit(1);
-  }
-  auto fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(encode);
-  CUtensorMap map;
-  cuuint64_t dims[3] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(M), 1};
-  cuuint64_t strides[2] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(K * M)};
-  cuuint32_t box[3] = {128, 64, 1}, estr[3] = {1, 1, 1};
-  auto encode_a = [&] {
-    return fn(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, d.a, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
-              CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  };
-  if (encode_a() != CUDA_SUCCESS) {
-    fprintf(stderr, "cuTensorMapEncodeTiled failed for A (K a multiple of 16?)\n");
-    exit(1);
-  }
-  time_us("cuTensorMapEncodeTiled (one operand)", 2000, [&] { (void)encode_a(); });
   if (w) cudaFree(w);
   d.Free();
 }

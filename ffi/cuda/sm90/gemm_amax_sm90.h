@@ -47,6 +47,7 @@ cudaError_t Launch(const GemmAmaxProblem& p, const GemmAmaxBuffers& buf, void* w
                    cudaStream_t stream);
 
 // Testing / benchmarking knobs (not part of the product API).
+constexpr int kTraceSlots = 28;  // LaunchOptions::trace counters (sm90_kernel.cuh TraceSlot)
 struct LaunchOptions {
   bool skip_amax = false;  // leave amax untouched (measures the reduction's cost)
   int force_tile_m = 0;    // 0: heuristic; 128 or 256 forces the CTA tile height
@@ -56,7 +57,7 @@ struct LaunchOptions {
                            // is tile 256 unsplit and the workspace holds the BF16 B
   int preconvert_a = -1;   // the same for A (kPreconvertAMinN), split-K plans of tile 256 included
   int experiment_flags = 0;  // internal timing experiments (see sm90_kernel.cuh kFlag*); results are wrong
-  unsigned long long* trace = nullptr;  // device counters, used by -DJGA_SM90_TRACE builds only
+  unsigned long long* trace = nullptr;  // kTraceSlots device counters, used by -DJGA_SM90_TRACE builds only
 };
 cudaError_t LaunchWithOptions(const GemmAmaxProblem& p, const GemmAmaxBuffers& buf, void* workspace,
                               size_t workspace_bytes, cudaStream_t stream, const LaunchOptions& opt);

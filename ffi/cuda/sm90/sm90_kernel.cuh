@@ -49,6 +49,7 @@
 
 #include "common/numerics.h"
 #include "common/problem.h"
+#include "cuda/sm90/gemm_amax_sm90.h"  // kTraceSlots
 #include "cuda/sm90/wgmma.h"
 
 namespace jga {
@@ -227,11 +228,18 @@ struct Smem {
 // ---------------------------------------------------------------------------------------------
 // Timing trace (harness builds with -DJGA_SM90_TRACE only; compiled out otherwise): cycles one
 // thread of each role spends in each wait, summed over CTAs.
-constexpr int kTraceSlots = 16;
 enum TraceSlot : int {
   kTrConvWaitRaw = 0, kTrConvWaitEmptyB, kTrConvTotal, kTrProducerWait,
   kTrConsWaitRaw = 4, kTrConsWaitFullB, kTrConsWaitMma, kTrConsTotal, kTrConsEpilogue, kTrProducerIssue,
   kTrConvFence = 10, kTrConvWork, kTrConsConvert, kTrConsIssue, kTrProducerWaitPre, kTrConsWaitPreA,
+  // The ends of a CTA's life, from its first instruction (clock64 at kernel entry): the consumers'
+  // loop starts, their first data arrives, the split-K hand-over (store; the reducer's wait for
+  // the count; its read), the consumers' end; the producer's first copy issued.
+  kTrConsPrologue = 16, kTrConsFill, kTrSplitStore, kTrSplitWait, kTrSplitRead, kTrConsEnd, kTrProducerFirst,
+  // The raw producer's way to its first copies (from kernel entry): past the cluster barrier and
+  // setmaxnreg, past the first empty-stage wait, A's copy issued, B's copy issued; the first unit
+  // decoded (DecodeUnit + DecodeTile, before that wait).
+  kTrProducerSynced = 23, kTrProducerReady, kTrProducerIssuedA, kTrProducerIssuedB, kTrProducerDecoded,
 };
 struct Tracer {
 #ifdef JGA_SM90_TRACE
@@ -626,8 +634,8 @@ __device__ __forceinline__ void StorePartial(const float (&acc)[MI][64], const K
       "r"(static_cast<uint32_t>(ctid))
       : "memory");
 }
-template <int MI>
-__device__ __forceinline__ void AddPartials(float (&acc)[MI][64], const KParams& p, const WorkUnit& w, int ctid) {
+// The reducer: waits until the tile's other splits have counted themselves in, then adds them.
+__device__ __forceinline__ void WaitForPartials(const KParams& p, const WorkUnit& w) {
   WaitForPrecedingGrids();
   const uint32_t need = static_cast<uint32_t>(w.splits - 1);
   const unsigned int* ready = p.tile_ready + (w.tile - p.whole_tiles);
@@ -635,6 +643,9 @@ __device__ __forceinline__ void AddPartials(float (&acc)[MI][64], const KParams&
   do {  // the whole warp polls, so that the loop stays warp-uniform (see FlushAmax)
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(ready) : "memory");
   } while (!__all_sync(0xFFFFFFFFu, seen >= need));
+}
+template <int MI>
+__device__ __forceinline__ void AddPartials(float (&acc)[MI][64], const KParams& p, const WorkUnit& w, int ctid) {
 #pragma unroll 1
   for (int slot = 0; slot < w.splits - 1; ++slot) {
     const float4* src = PartialSlot<MI>(p, slot, w.tile, ctid);
@@ -1001,6 +1012,9 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
   constexpr int kNSB = Tr::kScaleBlocksPerSlab;
   using R = Roles<MI>;
 
+#ifdef JGA_SM90_TRACE
+  const long long t_entry = clock64();
+#endif
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint32_t smem = (SmemAddr(smem_raw) + 1023u) & ~1023u;
   // Opaque to the compiler, so it keeps the base in a register instead of recomputing it from
@@ -1064,15 +1078,24 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
     constexpr int kBoxB = kBN < kBoxRows ? kBN : kBoxRows;
     if (issues_raw) {  // the codes (and scales) converted in this kernel
       Tracer tr;
+#ifdef JGA_SM90_TRACE
+      tr.Add(kTrProducerSynced, clock64() - t_entry);
+#define JGA_TRACE_FIRST_ISSUE(slot) \
+  if (u == cluster_id && slab == wu.slab_lo) tr.Add(slot, clock64() - t_entry)
+#else
+#define JGA_TRACE_FIRST_ISSUE(slot)
+#endif
       int stage = 0, phase = 0;
       for (int u = cluster_id; u < p.units_total; u += num_clusters) {
         const WorkUnit wu = DecodeUnit<kSplitK>(p, u);
         const TileCoord pc = DecodeTile(p, wu.tile);
         const int my_nt = pc.nt * kCluster + rank;
         for (int slab = wu.slab_lo; slab < wu.slab_hi; ++slab) {
+          JGA_TRACE_FIRST_ISSUE(kTrProducerDecoded);
           tr.Start();
           MbarWait(bar_empty_raw + 8 * stage, phase ^ 1);
           tr.Stop(kTrProducerWait);
+          JGA_TRACE_FIRST_ISSUE(kTrProducerReady);
           tr.Start();
           if (lane0) {
             const uint32_t fb = bar_full_raw + 8 * stage;
@@ -1091,12 +1114,14 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
                 TmaLoad3D(dst, &tm_a, fb, slab * 128, row, pc.l);
               }
             }
+            JGA_TRACE_FIRST_ISSUE(kTrProducerIssuedA);
 #pragma unroll
             for (int bx = 0; bx < kBN / kBoxB; ++bx) {
               if (skip_b || kPreconvertedB) break;
               TmaLoad3D(smem + S::kOffRawB + stage * S::kRawB + bx * kBoxB * 128, &tm_b, fb, slab * 128,
                         my_nt * kBN + bx * kBoxB, pc.l);
             }
+            JGA_TRACE_FIRST_ISSUE(kTrProducerIssuedB);
             // Scale blocks: each 512 bytes = 128 rows x 4 groups, contiguous in the physical layout.
 #pragma unroll
             for (int j = 0; j < kNSB; ++j) {
@@ -1118,10 +1143,12 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
             }
           }
           tr.Stop(kTrProducerIssue);
+          JGA_TRACE_FIRST_ISSUE(kTrProducerFirst);
           if (++stage == kRawStages) { stage = 0; phase ^= 1; }
         }
       }
       tr.Flush(p.trace, lane0);
+#undef JGA_TRACE_FIRST_ISSUE
     } else if (issues_pre) {  // the slab's BF16 units, one buffer each (unit u: bytes 128u.. of a row)
       Tracer tr;
       int a_stage = 0, a_phase = 0, b_stage = 0, b_phase = 0;
@@ -1291,6 +1318,12 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
     Tracer tr;
 #ifdef JGA_SM90_TRACE
     const long long cons_t0 = clock64();
+    tr.Add(kTrConsPrologue, cons_t0 - t_entry);
+    bool first_data = true;
+#define JGA_TRACE_FIRST_DATA() \
+  if (first_data) { tr.Add(kTrConsFill, clock64() - t_entry); first_data = false; }
+#else
+#define JGA_TRACE_FIRST_DATA()
 #endif
 
     for (int u = cluster_id; u < p.units_total; u += num_clusters) {
@@ -1319,6 +1352,7 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
             tr.Start();
             MbarWait(bar_full_b + 8 * b_stage, b_phase);
             tr.Stop(kTrConsWaitFullB);
+            JGA_TRACE_FIRST_DATA();
             const uint64_t desc_b = SmemDesc128B(smem + S::kOffBufB + b_stage * S::kBufB);
             const uint32_t buf_a = smem + S::kOffBufA + a_stage * S::kBufA + wg * (64 * MI) * 128;
             if (do_mma) {
@@ -1347,6 +1381,7 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
         tr.Start();
         MbarWait(bar_full_raw + 8 * r_stage, r_phase);
         tr.Stop(kTrConsWaitRaw);
+        JGA_TRACE_FIRST_DATA();
         const uint32_t raw_a = smem + S::kOffRawA + r_stage * S::kRawA;
         const uint32_t sfa = smem + S::kOffSfA + r_stage * S::kSfA;
         // fp8: all four scale bytes of the slab of each of this thread's rows are one aligned word;
@@ -1516,10 +1551,19 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
       if constexpr (kSplitK) {
         const int ctid = threadIdx.x - 32 * R::kFirstConsumerWarp;
         if (wu.split < wu.splits - 1) {
+          tr.Start();
           StorePartial<MI>(acc, p, wu, ctid);
+          tr.Stop(kTrSplitStore);
           continue;  // the reducer stores this tile and takes its amax
         }
-        if (wu.splits > 1) AddPartials<MI>(acc, p, wu, ctid);
+        if (wu.splits > 1) {
+          tr.Start();
+          WaitForPartials(p, wu);
+          tr.Stop(kTrSplitWait);
+          tr.Start();
+          AddPartials<MI>(acc, p, wu, ctid);
+          tr.Stop(kTrSplitRead);
+        }
       }
 
       // ---- epilogue: one straight-line path per output dtype (switch once per tile) ----
@@ -1544,8 +1588,10 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
       tr.Stop(kTrConsEpilogue);
     }
     if (cur_l >= 0 && do_amax) FlushAmax(amax_run, p.amax, cur_l);
+#undef JGA_TRACE_FIRST_DATA
 #ifdef JGA_SM90_TRACE
     tr.Add(kTrConsTotal, clock64() - cons_t0);
+    tr.Add(kTrConsEnd, clock64() - t_entry);
 #endif
     tr.Flush(p.trace, threadIdx.x == 32 * R::kFirstConsumerWarp);
   }

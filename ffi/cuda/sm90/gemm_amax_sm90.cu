@@ -346,6 +346,11 @@ cudaError_t LaunchWithOptions(const GemmAmaxProblem& p, const GemmAmaxBuffers& b
   k.tiles_per_batch = k.tiles_m * k.tiles_n;
   k.tiles_total = k.tiles_per_batch * k.l;
   k.splits = plan.splits;
+  {  // the reducer's extra slabs: ~the time its partners take to store their partials
+    const int bonus_units = opt.split_bonus_units >= 0 ? opt.split_bonus_units : kSplitReducerBonusUnits;
+    const int bonus_slabs = static_cast<int>(bonus_units / UnitsPerSlab(p));
+    k.split_slabs = std::max(1, (k.num_kslabs - bonus_slabs) / plan.splits);
+  }
   k.whole_tiles = plan.whole_tiles;
   k.split_tiles = k.tiles_total - plan.whole_tiles;
   k.units_total = k.whole_tiles + k.split_tiles * plan.splits;

@@ -47,6 +47,13 @@ cudaError_t Launch(const GemmAmaxProblem& p, const GemmAmaxBuffers& buf, void* w
                    cudaStream_t stream);
 
 // Testing / benchmarking knobs (not part of the product API).
+// Split-K: the reducer (the last split) takes this many more 64-K MMA units than each other split,
+// and works through them while the others store their partials (the trace at 1024^3: a 64 KB store
+// took ~4k cycles, which the reducer spent waiting). H200 harness, session 13, against equal splits:
+// 1024^3 149-151 -> 168-169 TF/s, 250x6000x8192 +4%, 128x4096x4096 +6%, 640x8192x2048 and
+// 2560x1792x4096 +2-6%; 256x8192x8192 and 2048x5120x8192 inside their spread. 2 and 4 units measured
+// alike, 8 less.
+constexpr int kSplitReducerBonusUnits = 4;
 constexpr int kTraceSlots = 28;  // LaunchOptions::trace counters (sm90_kernel.cuh TraceSlot)
 struct LaunchOptions {
   bool skip_amax = false;  // leave amax untouched (measures the reduction's cost)
@@ -56,6 +63,7 @@ struct LaunchOptions {
   int preconvert_b = -1;   // -1: by problem size (see kPreconvertBMinM); 0: never; 1: whenever the plan
                            // is tile 256 unsplit and the workspace holds the BF16 B
   int preconvert_a = -1;   // the same for A (kPreconvertAMinN), split-K plans of tile 256 included
+  int split_bonus_units = -1;  // -1: kSplitReducerBonusUnits; else the split-K reducer's extra 64-K units
   int experiment_flags = 0;  // internal timing experiments (see sm90_kernel.cuh kFlag*); results are wrong
   unsigned long long* trace = nullptr;  // kTraceSlots device counters, used by -DJGA_SM90_TRACE builds only
 };

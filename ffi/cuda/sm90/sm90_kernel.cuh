@@ -102,6 +102,7 @@ struct KParams {
   // reducer, waits for that count, adds the partials and runs the epilogue. splits == 1: no
   // workspace.
   int splits;
+  int split_slabs;     // K slabs of each non-reducing split; the reducer takes the rest (see DecodeUnit)
   int whole_tiles, split_tiles;
   int units_total;     // whole_tiles + split_tiles * splits
   unsigned int* tile_ready;  // [split_tiles]
@@ -507,12 +508,14 @@ __device__ __forceinline__ WorkUnit DecodeUnit(const KParams& p, int u) {
     w.slab_hi = p.num_kslabs;
     return w;
   }
+  // Splits 0..S-2 take split_slabs each, the reducer the rest: more than its share, which it works
+  // through while the others store their partials (it would otherwise wait for them idle).
   const int v = u - p.whole_tiles;
   w.split = v / p.split_tiles;
   w.tile = p.whole_tiles + (v - w.split * p.split_tiles);
   w.splits = p.splits;
-  w.slab_lo = static_cast<int>(static_cast<long long>(w.split) * p.num_kslabs / p.splits);
-  w.slab_hi = static_cast<int>(static_cast<long long>(w.split + 1) * p.num_kslabs / p.splits);
+  w.slab_lo = w.split * p.split_slabs;
+  w.slab_hi = w.split == p.splits - 1 ? p.num_kslabs : w.slab_lo + p.split_slabs;
   return w;
 }
 __device__ __forceinline__ TileCoord DecodeTile(const KParams& p, int tile) {

@@ -7,6 +7,8 @@
 //                                with -DJGA_WITH_CUBLAS -lcublas)
 //   sm90_harness small           one small case (for compute-sanitizer)
 //   sm90_harness hostcost M N K  host time of one call, piece by piece
+//   JGA_SPLIT_BONUS=N (any mode)  the split-K reducer's extra 64-K units (LaunchOptions::
+//                                split_bonus_units), for sweeps; unset: the library's default
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -305,7 +307,10 @@ static cudaError_t LaunchH(const GemmAmaxProblem& p, const GemmAmaxBuffers& b, c
     g_ws_bytes = want;
   }
   g_ws_offered = want;
-  return sm90::LaunchWithOptions(p, b, want > 0 ? g_ws : nullptr, want, 0, o);
+  sm90::LaunchOptions o2 = o;
+  static const int bonus = [] { const char* e = getenv("JGA_SPLIT_BONUS"); return e ? atoi(e) : -1; }();
+  if (o2.split_bonus_units < 0) o2.split_bonus_units = bonus;
+  return sm90::LaunchWithOptions(p, b, want > 0 ? g_ws : nullptr, want, 0, o2);
 }
 
 static GemmAmaxBuffers Bufs(const DevBufs& d) {

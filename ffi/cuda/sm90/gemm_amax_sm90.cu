@@ -110,7 +110,8 @@ __global__ void ResetKernel(float* amax, int n_amax, unsigned int* ready, int n_
 // 256-row tile, by waves of work units over the SMs: a unit of tile 128 costs 0.60 (it runs at
 // ~0.83x the rate of tile 256 since it has two B converters; 0.69 before, session 5); each unit
 // costs a pipeline fill plus its epilogue; a split tile costs the partial tiles' store, the
-// reducer's wait and its read (128 KB per split at tile 256). Fitted to H200 harness timings:
+// reducer's wait and its read (128 KB per split at tile 256; fitted with equal splits, before the
+// reducer took extra K, kSplitReducerBonusUnits; not refit). Fitted to H200 harness timings:
 // session 6, 256x8192x8192 tile 256 / 2 splits 503 TF/s vs tile 128 unsplit 433; session 8, the
 // plans the refit picks against the old ones (RESULTS.md): 512x4096x4096 tile 128 unsplit 439-445
 // vs tile 256 / 2 splits 420-438, 640x8192x2048 tile 128 with a 2-way tail split 395-398 vs

@@ -95,12 +95,12 @@ struct KParams {
   int tiles_m, tiles_n;
   int tiles_per_batch, tiles_total;
   // Split-K: the first `whole_tiles` tiles are one work unit each; the K slabs of each of the
-  // other `split_tiles` tiles are cut into `splits` contiguous ranges, one work unit each (few tiles
-  // in all: whole_tiles = 0; a last wave of few tiles: the whole waves first, then the last one's
-  // tiles split, so that they fill the GPU). Splits 0..S-2 store their fp32 accumulators to
-  // `partials` and count themselves in `tile_ready` (zeroed before the launch); split S-1, the
-  // reducer, waits for that count, adds the partials and runs the epilogue. splits == 1: no
-  // workspace.
+  // other `split_tiles` tiles are cut into `splits` contiguous ranges (the last, the reducer's,
+  // longer), one work unit each (few tiles in all: whole_tiles = 0; a last wave of few tiles: the
+  // whole waves first, then the last one's tiles split, so that they fill the GPU). Splits 0..S-2
+  // store their fp32 accumulators to `partials` and count themselves in `tile_ready` (zeroed
+  // before the launch); split S-1, the reducer, waits for that count, adds the partials and runs
+  // the epilogue. splits == 1: no workspace.
   int splits;
   int split_slabs;     // K slabs of each non-reducing split; the reducer takes the rest (see DecodeUnit)
   int whole_tiles, split_tiles;

@@ -9,6 +9,8 @@
 //   sm90_harness hostcost M N K  host time of one call, piece by piece
 //   JGA_SPLIT_BONUS=N (any mode)  the split-K reducer's extra 64-K units (LaunchOptions::
 //                                split_bonus_units), for sweeps; unset: the library's default
+//   JGA_FORCE_SPLITS=S (any mode) force the split-K factor where a mode does not (plans: `one`
+//                                with its tile argument; S = 1: unsplit)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -295,7 +297,17 @@ static DevBufs Upload(const HostProblem& hp) {
 static void* g_ws = nullptr;
 static size_t g_ws_bytes = 0;
 static size_t g_ws_offered = 0;  // the workspace bytes the last launch was given
-static cudaError_t LaunchH(const GemmAmaxProblem& p, const GemmAmaxBuffers& b, const sm90::LaunchOptions& o) {
+// Environment overrides for sweeps (any mode; unset: the options as given).
+static sm90::LaunchOptions WithEnvOverrides(sm90::LaunchOptions o) {
+  static const int bonus = [] { const char* e = getenv("JGA_SPLIT_BONUS"); return e ? atoi(e) : -1; }();
+  static const int splits = [] { const char* e = getenv("JGA_FORCE_SPLITS"); return e ? atoi(e) : 0; }();
+  if (o.split_bonus_units < 0) o.split_bonus_units = bonus;
+  if (o.force_splits == 0 && splits > 0) o.force_splits = splits;
+  return o;
+}
+
+static cudaError_t LaunchH(const GemmAmaxProblem& p, const GemmAmaxBuffers& b, const sm90::LaunchOptions& opt) {
+  const sm90::LaunchOptions o = WithEnvOverrides(opt);
   const size_t any_plan = static_cast<size_t>(sm90::kMaxSplits) * ((p.m + 255) / 256 * 256) * ((p.n + 127) / 128 * 128) *
                           p.batch * 4 + 1024 * 1024;
   const size_t copies = (o.preconvert_b == 1 ? sm90::PreconvertedBBytes(p) : 0) + (o.preconvert_a == 1 ? sm90::PreconvertedABytes(p) : 0);
@@ -307,10 +319,7 @@ static cudaError_t LaunchH(const GemmAmaxProblem& p, const GemmAmaxBuffers& b, c
     g_ws_bytes = want;
   }
   g_ws_offered = want;
-  sm90::LaunchOptions o2 = o;
-  static const int bonus = [] { const char* e = getenv("JGA_SPLIT_BONUS"); return e ? atoi(e) : -1; }();
-  if (o2.split_bonus_units < 0) o2.split_bonus_units = bonus;
-  return sm90::LaunchWithOptions(p, b, want > 0 ? g_ws : nullptr, want, 0, o2);
+  return sm90::LaunchWithOptions(p, b, want > 0 ? g_ws : nullptr, want, 0, o);
 }
 
 static GemmAmaxBuffers Bufs(const DevBufs& d) {
@@ -766,7 +775,7 @@ static void OneConfig(int64_t M, int64_t N, int64_t K, int tile, int flags, int 
       int sms = 0;
       CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
       sm90::PlanInfo plan;  // the tile height the launch used (tile 0: the heuristic's)
-      CK(sm90::PlanFor(p, g_ws_offered, o, &plan));
+      CK(sm90::PlanFor(p, g_ws_offered, WithEnvOverrides(o), &plan));
       const int tm = plan.tile_m;
       const double slabs = static_cast<double>((M + tm - 1) / tm) * ((N + 127) / 128) * ((K + 127) / 128) / sms;
       const char* names[] = {"conv wait raw", "conv wait emptyB", "conv total", "producer wait",
@@ -790,9 +799,11 @@ static void OneConfig(int64_t M, int64_t N, int64_t K, int tile, int flags, int 
   for (int i = 0; i < kHostLaunches; ++i) CK(LaunchH(p, Bufs(d), o));
   const double host_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - h0).count() / kHostLaunches;
   CK(cudaDeviceSynchronize());
-  printf("one %lldx%lldx%lld tile=%d flags=%d %8.3f ms %8.1f TF/s  host %.1f us per launch  clusters %d\n", (long long)M,
-         (long long)N, (long long)K, tile, flags, med, 2.0 * M * N * K / (med * 1e-3) / 1e12, host_us,
-         sm90::MaxActiveClusters(0, 0, tile / 128, 0));
+  sm90::PlanInfo plan;
+  CK(sm90::PlanFor(p, g_ws_offered, WithEnvOverrides(o), &plan));
+  printf("one %lldx%lldx%lld tile=%d flags=%d %8.3f ms %8.1f TF/s  host %.1f us per launch  clusters %d  plan %d/%d/%d\n",
+         (long long)M, (long long)N, (long long)K, tile, flags, med, 2.0 * M * N * K / (med * 1e-3) / 1e12, host_us,
+         sm90::MaxActiveClusters(0, 0, tile / 128, 0), plan.tile_m, plan.splits, plan.whole_tiles);
   d.Free();
 }
 

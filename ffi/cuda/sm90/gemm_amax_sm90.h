@@ -46,14 +46,15 @@ size_t WorkspaceBytes(const GemmAmaxProblem& p, bool offer_copies = true);  // f
 cudaError_t Launch(const GemmAmaxProblem& p, const GemmAmaxBuffers& buf, void* workspace, size_t workspace_bytes,
                    cudaStream_t stream);
 
-// Testing / benchmarking knobs (not part of the product API).
 // Split-K: the reducer (the last split) takes this many more 64-K MMA units than each other split,
 // and works through them while the others store their partials (the trace at 1024^3: a 64 KB store
 // took ~4k cycles, which the reducer spent waiting). H200 harness, session 13, against equal splits:
 // 1024^3 149-151 -> 168-169 TF/s, 250x6000x8192 +4%, 128x4096x4096 +6%, 640x8192x2048 and
 // 2560x1792x4096 +2-6%; 256x8192x8192 and 2048x5120x8192 inside their spread. 2 and 4 units measured
-// alike, 8 less.
+// alike, 6 less (fp8; an fp4 slab holds 4 units, so fp4 gets one extra slab).
 constexpr int kSplitReducerBonusUnits = 4;
+
+// Testing / benchmarking knobs (not part of the product API).
 constexpr int kTraceSlots = 28;  // LaunchOptions::trace counters (sm90_kernel.cuh TraceSlot)
 struct LaunchOptions {
   bool skip_amax = false;  // leave amax untouched (measures the reduction's cost)

@@ -321,6 +321,12 @@ static cudaError_t LaunchH(const GemmAmaxProblem& p, const GemmAmaxBuffers& b, c
   g_ws_offered = want;
   return sm90::LaunchWithOptions(p, b, want > 0 ? g_ws : nullptr, want, 0, o);
 }
+// The plan the last LaunchH with these options ran (its workspace, the environment overrides).
+static sm90::PlanInfo PlanH(const GemmAmaxProblem& p, const sm90::LaunchOptions& opt) {
+  sm90::PlanInfo plan;
+  CK(sm90::PlanFor(p, g_ws_offered, WithEnvOverrides(opt), &plan));
+  return plan;
+}
 
 static GemmAmaxBuffers Bufs(const DevBufs& d) {
   GemmAmaxBuffers b;
@@ -377,8 +383,7 @@ static bool RunAndCheck(HostProblem& hp, const Ref& ref, OutputType ct, int forc
   CK(LaunchH(p, Bufs(d), opt));
   CK(cudaGetLastError());
   CK(cudaDeviceSynchronize());
-  sm90::PlanInfo plan;  // what the launch did (the operands it pre-converted), for the report
-  CK(sm90::PlanFor(p, g_ws_offered, opt, &plan));
+  const sm90::PlanInfo plan = PlanH(p, opt);  // what the launch did (the operands it pre-converted), for the report
   std::vector<uint8_t> c(d.c_bytes);
   std::vector<float> amax(p.batch);
   CK(cudaMemcpy(c.data(), d.c, d.c_bytes, cudaMemcpyDeviceToHost));
@@ -648,8 +653,7 @@ static void Bench(int iters, const std::vector<Shape>& shapes) {
     };
     sm90::LaunchOptions o;
     const double tf = time_it(o);
-    sm90::PlanInfo plan;
-    CK(sm90::PlanFor(p, sm90::WorkspaceBytes(p), o, &plan));
+    const sm90::PlanInfo plan = PlanH(p, o);
     char plan_name[32];  // tile height / splits / tiles run whole first
     const char* pre = PreName(plan.preconvert_a, plan.preconvert_b);
     snprintf(plan_name, sizeof plan_name, "%d/%d/%d%s%s", plan.tile_m, plan.splits, plan.whole_tiles, *pre ? "+" : "", pre);
@@ -761,6 +765,7 @@ static void OneConfig(int64_t M, int64_t N, int64_t K, int tile, int flags, int 
   o.experiment_flags = flags;
   SetPre(o, pre);
   const double med = MedianLaunchMs(p, d, o, iters);
+  const sm90::PlanInfo plan = PlanH(p, o);  // tile 0: the heuristic's tile
   {  // one traced launch (counters are only filled by -DJGA_SM90_TRACE builds)
     unsigned long long* tr;
     CK(cudaMalloc(&tr, sm90::kTraceSlots * sizeof(unsigned long long)));
@@ -774,8 +779,6 @@ static void OneConfig(int64_t M, int64_t N, int64_t K, int tile, int flags, int 
     if (h[7] != 0) {  // cons total: filled by trace builds
       int sms = 0;
       CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-      sm90::PlanInfo plan;  // the tile height the launch used (tile 0: the heuristic's)
-      CK(sm90::PlanFor(p, g_ws_offered, WithEnvOverrides(o), &plan));
       const int tm = plan.tile_m;
       const double slabs = static_cast<double>((M + tm - 1) / tm) * ((N + 127) / 128) * ((K + 127) / 128) / sms;
       const char* names[] = {"conv wait raw", "conv wait emptyB", "conv total", "producer wait",
@@ -799,8 +802,6 @@ static void OneConfig(int64_t M, int64_t N, int64_t K, int tile, int flags, int 
   for (int i = 0; i < kHostLaunches; ++i) CK(LaunchH(p, Bufs(d), o));
   const double host_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - h0).count() / kHostLaunches;
   CK(cudaDeviceSynchronize());
-  sm90::PlanInfo plan;
-  CK(sm90::PlanFor(p, g_ws_offered, WithEnvOverrides(o), &plan));
   printf("one %lldx%lldx%lld tile=%d flags=%d %8.3f ms %8.1f TF/s  host %.1f us per launch  clusters %d  plan %d/%d/%d\n",
          (long long)M, (long long)N, (long long)K, tile, flags, med, 2.0 * M * N * K / (med * 1e-3) / 1e12, host_us,
          sm90::MaxActiveClusters(0, 0, tile / 128, 0), plan.tile_m, plan.splits, plan.whole_tiles);

@@ -13,7 +13,9 @@ Small problems are bound by JAX's per-call dispatch that way (every path reads ~
 1024^3 on an H200); `--chain N` makes each call run the operation N times inside one jitted
 function, on N copies of the operands (identical calls on the same operands would be merged by
 XLA, and an optimization barrier does not survive its passes), so that the table compares the
-operations rather than the dispatch.
+operations rather than the dispatch. The repeats' outputs stay XLA temporaries, as a layer's do in
+a jitted step (`--chain-live-outputs` returns them all, which costs every path host time per call:
+XLA updates each command of its command buffer whose output moved).
 
     python benchmarks/bench_gemm.py                 # default shapes, prints a markdown table
     python benchmarks/bench_gemm.py --record        # also appends the table to benchmarks/RESULTS.md
@@ -62,17 +64,27 @@ def timed(fn, args, calls, repeats):
     return timed_rounds({"": fn}, args, calls, repeats)[""]
 
 
-def chained(fn, n):
+def chained(fn, n, live_outputs=False):
     """fn run n times in one jitted call, repeat i on copy i of the operands (distinct buffers, so
-    that XLA cannot merge the repeats). Takes the n copies, returns repeat 0's output and the
-    others' (all outputs stay live, so that none is dropped as dead code)."""
+    that XLA cannot merge the repeats). Takes the n copies, returns repeat 0's output and one value
+    per other repeat: by default C[0, 0] (+ amax) read behind an optimization barrier, so that every
+    repeat's whole C is computed but lives in XLA's temporaries, as a layer's output does inside a
+    jitted step. live_outputs=True returns every repeat's C instead: n program outputs at new
+    addresses on every call, which makes XLA update every command of its command buffer per call
+    (session 14 at 1024^3: +11 us per op for gemm_amax and the dequant path, +5 for cuBLAS)."""
     if n == 1:
         return fn
 
     @jax.jit
     def run(*copies):
         outs = [fn(*ops) for ops in copies]
-        return outs[0], outs[1:]
+        if live_outputs:
+            return outs[0], outs[1:]
+        rest = []
+        for c, amax in outs[1:]:
+            c = jax.lax.optimization_barrier(c)  # the slice cannot be moved into the producer of c
+            rest.append(c[0, 0].astype(jnp.float32) + (0.0 if amax is None else amax.astype(jnp.float32)))
+        return outs[0], rest
 
     return run
 
@@ -139,6 +151,8 @@ def main():
     parser.add_argument("--calls", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--chain", type=int, default=1, help="repeats of the operation inside one jitted call")
+    parser.add_argument("--chain-live-outputs", action="store_true",
+                        help="return every repeat's C from the chain (program outputs) instead of keeping them temporary")
     parser.add_argument("--format", default="mxfp8_e4m3", choices=sorted(jga.FORMATS), help="operand format")
     parser.add_argument("--record", action="store_true", help="append the table to benchmarks/RESULTS.md")
     args = parser.parse_args()
@@ -148,7 +162,7 @@ def main():
     shapes = GPU_SHAPES if on_gpu else CPU_SHAPES
     if args.shapes:
         shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
-    cands = {name: chained(fn, args.chain) for name, fn in build_candidates(on_gpu, fmt).items()}
+    cands = {name: chained(fn, args.chain, args.chain_live_outputs) for name, fn in build_candidates(on_gpu, fmt).items()}
     device = jax.devices()[0].device_kind
 
     peers = {"cuBLAS bf16": "bf16 dot, no scales (cuBLAS)", "XLA dequant": "XLA dequant→bf16 dot→amax"}
@@ -193,13 +207,14 @@ def main():
 
     table = "\n".join(rows)
     print()
-    print(f"{device}, jax {jax.__version__}, {fmt}, chain {args.chain}, TFLOP/s (2MNK / median time), outputs checked against the f32 product")
+    live = " (live outputs)" if args.chain_live_outputs else ""
+    print(f"{device}, jax {jax.__version__}, {fmt}, chain {args.chain}{live}, TFLOP/s (2MNK / median time), outputs checked against the f32 product")
     print(table)
     if args.record:
         shape_arg = f" --shapes {args.shapes}" if args.shapes else ""
         record(f"gemm_amax vs peers on {device}",
                f"`python benchmarks/bench_gemm.py --format {fmt}{shape_arg} --calls {args.calls} --repeats {args.repeats}"
-               f" --chain {args.chain}`"
+               f" --chain {args.chain}{' --chain-live-outputs' if args.chain_live_outputs else ''}`"
                f" (jax {jax.__version__}); TFLOP/s = 2MNK / median time, {fmt} operands.", table)
 
 

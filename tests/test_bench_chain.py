@@ -15,8 +15,11 @@ bench_gemm = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench_gemm)
 
 
+@pytest.mark.parametrize("live_outputs", [False, True], ids=["temporaries", "live"])
 @pytest.mark.parametrize("name,op", [("gemm_amax bf16", "custom-call("), ("bf16 dot, no scales (cuBLAS)", " dot(")])
-def test_every_repeat_of_a_chain_is_compiled(name, op):
+def test_every_repeat_of_a_chain_is_compiled(name, op, live_outputs):
+    """Both chain forms compile every repeat in full; the default one returns, per later repeat,
+    C[0, 0] (+ amax) of its output (the copies hold the same values, so any repeat's would match)."""
     if jax.default_backend() != "cpu":
         pytest.skip("counts ops in the CPU executable")
     x = jax.random.normal(jax.random.key(0), (128, 256))
@@ -24,10 +27,16 @@ def test_every_repeat_of_a_chain_is_compiled(name, op):
     qa, sfa = jga.quantize(x, "mxfp8_e4m3")
     qb, sfb = jga.quantize(w, "mxfp8_e4m3")
     ops = bench_gemm.chain_operands((qa, qb, sfa, sfb, x.astype(jnp.bfloat16), w.astype(jnp.bfloat16)), 3)
-    fn = bench_gemm.chained(bench_gemm.build_candidates(False, "mxfp8_e4m3")[name], 3)
+    candidate = bench_gemm.build_candidates(False, "mxfp8_e4m3")[name]
+    fn = bench_gemm.chained(candidate, 3, live_outputs)
     assert fn.lower(*ops).compile().as_text().count(op) == 3
     first, rest = fn(*ops)
     assert len(rest) == 2
+    if not live_outputs:
+        for i, value in enumerate(rest, start=1):
+            c, amax = candidate(*ops[i])
+            want = float(c[0, 0]) + (0.0 if amax is None else float(amax))
+            assert float(value) == pytest.approx(want, rel=1e-6)
 
 
 def test_candidates_take_turns_and_get_their_own_medians():

@@ -226,9 +226,9 @@ def test_every_element_of_a_long_run(fmt, m, n, k):
     tiles per call here, which a sampled check missed). 256x4096x8192: 32 output tiles for 132 SMs,
     so the SM90 kernel splits K and hands fp32 partial tiles between CTAs (and 16384x8192x1024,
     with many rows, converts B to BF16 in a pass of its own first). 2560x1792x4096: the last
-    wave of tiles is partial (on a 132-SM H200 the plan is 280 tiles of 128 rows: 264 run whole,
-    the last 16 split K 3 ways, a tail split; at 256 rows, 140 tiles, 8 would split). Every element,
-    in several calls, against the float32 product."""
+    wave of tiles is partial (on a 132-SM H200 the plan is 140 tiles of 256 rows: 132 run whole,
+    the last 8 split K 4 ways, a tail split; until session 14's cost model, 280 tiles of 128 rows
+    with 16 split 3 ways). Every element, in several calls, against the float32 product."""
     sfv = 16 if fmt == "nvfp4" else 32
     kx, kw = jax.random.split(jax.random.key(7))
     qa, sfa = jga.quantize(jax.random.normal(kx, (m, k), jnp.float32), fmt)

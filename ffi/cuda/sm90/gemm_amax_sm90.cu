@@ -110,15 +110,16 @@ __global__ void ResetKernel(float* amax, int n_amax, unsigned int* ready, int n_
 // 256-row tile, by waves of work units over the SMs: a unit of tile 128 costs 0.60 (it runs at
 // ~0.83x the rate of tile 256 since it has two B converters; 0.69 before, session 5); each unit
 // costs a pipeline fill plus its epilogue; a split tile costs the partial tiles' store, the
-// reducer's wait and its read (128 KB per split at tile 256; fitted with equal splits, before the
-// reducer took extra K, kSplitReducerBonusUnits; not refit). Fitted to H200 harness timings:
-// session 6, 256x8192x8192 tile 256 / 2 splits 503 TF/s vs tile 128 unsplit 433; session 8, the
-// plans the refit picks against the old ones (RESULTS.md): 512x4096x4096 tile 128 unsplit 439-445
-// vs tile 256 / 2 splits 420-438, 640x8192x2048 tile 128 with a 2-way tail split 395-398 vs
-// 331-381, 2560x1792x4096 tile 128 with a 3-way tail split 424-429 vs 394-400 (one later call
-// read 403 vs 434: a bimodal shape); the split cost (3.8 x MI units per extra split) keeps two
-// plans the measurements favour: 1024^3 tile 128 / 2 splits (155-157 vs unsplit 150-151) and
-// 768x4096x4096 tile 256 unsplit (429-444 vs 424 with a tail split).
+// reducer's wait and its read (128 KB per split at tile 256): kSplitCostPerRowBlock x MI units
+// per extra split, + 0.6. Fitted to H200 harness timings (RESULTS.md): session 6, 256x8192x8192
+// tile 256 / 2 splits 503 TF/s vs tile 128 unsplit 433; session 8, tile 128 vs tile 256 and tail
+// splits (512x4096x4096, 640x8192x2048, 2560x1792x4096), when the split term was 3.8 x MI;
+// session 14, after the reducer took extra K (kSplitReducerBonusUnits) made the hand-over
+// cheaper: 2.0 x MI picks the best measured plan (within 2%) at 31 of 32 shapes against 19 of 32
+// for 3.8, two calls each: 256x8192x4096 +8%, 640x8192x1024 +9%, 1024x14336x4096 and
+// 768x28672x8192 +5-10%, 512x4096x4096, 2048x5120x2048 and 2560x4096x2048 +6%; it loses 4-5%
+// at 512x5120x4096 (a 4-way tail split at tile 128 instead of tile 256 unsplit with A
+// pre-converted). The benchmark's six shapes keep their plans.
 // Candidates: every tile split S ways (S = 1: no split-K), or, when the last wave of tiles is
 // partial, the whole waves unsplit and only the last wave's tiles split (session 7). Only plans
 // whose workspace fits in `available` bytes are considered. With an operand pre-converted
@@ -126,6 +127,7 @@ __global__ void ResetKernel(float* amax, int n_amax, unsigned int* ready, int n_
 // the GEMM 0.86-0.89, the pass adding 0.03-0.07 at M = 4096-8192; both operands measured nearer
 // 0.85, not refit).
 constexpr double kPreconvertedCost = 0.92;
+constexpr double kSplitCostPerRowBlock = 2.0;  // per 128 rows of the tile and extra split (above)
 // 64-K MMA units per 128-byte slab of codes (128 fp8 or 256 fp4 elements).
 long long UnitsPerSlab(const GemmAmaxProblem& p) { return p.ab_type == OperandType::kE2M1x2 ? 4 : 2; }
 
@@ -149,7 +151,7 @@ Plan MakePlan(const GemmAmaxProblem& p, int sms, const LaunchOptions& opt, size_
     const double rate = mi == 2 ? 1.0 : 0.60, epilogue = mi == 2 ? 2.4 : 1.6;
     auto wave_cost = [&](int splits) {
       const double kunits = static_cast<double>(CeilDiv(nslabs, splits) * units_per_slab);
-      return kunits * rate + epilogue + (splits > 1 ? 3.8 * mi * (splits - 1) + 0.6 : 0.0);
+      return kunits * rate + epilogue + (splits > 1 ? kSplitCostPerRowBlock * mi * (splits - 1) + 0.6 : 0.0);
     };
     // Split-K partial slots are per cluster tile: with 2-CTA clusters (an experiment) they would clash.
     const long long max_splits = kCluster == 1 ? std::min<long long>(kMaxSplits, nslabs) : 1;

@@ -149,6 +149,16 @@ def decode_scales(scales):
     return jnp.where(code == 255, jnp.nan, jnp.ldexp(jnp.float32(1.0), code - 127))
 
 
+def exact_pow2(k):
+    """2.0 ** k as float32 for int32 ``k`` in [-127, 127], built from its bits (2^-127 is the one
+    subnormal). Multiplying by it scales exactly like ``jnp.ldexp`` (the same bits on the GPU on
+    random and edge-case blocks, session 14) at one op per element instead of ldexp's ~25: the
+    quantize's scaling ran 29-36% faster at 8192^2 on an H200."""
+    k = jnp.asarray(k, jnp.int32)
+    bits = jnp.where(k >= -126, (k + 127) << 23, 1 << 22)
+    return jax.lax.bitcast_convert_type(bits, jnp.float32)
+
+
 def e8m0_from_exponent(exponent):
     """Integer exponents in [-127, 127] -> float8_e8m0fnu scales."""
     code = (jnp.clip(exponent, -127, 127) + 127).astype(jnp.uint8)

@@ -48,7 +48,7 @@ def quantize(x, fmt: str = "mxfp8_e4m3", *, packed: bool = True):
         exponent = jnp.where(amax > 0, exponent, -127)
         exponent = jnp.clip(exponent, -127, 127)
         scales = formats.e8m0_from_exponent(exponent)
-        scaled = jnp.ldexp(blocks, -exponent[..., None])
+        scaled = blocks * formats.exact_pow2(-exponent)[..., None]  # per block, not per element
     else:  # nvfp4: e4m3 scales
         scales = jnp.clip(amax / f.max_value, 0, 448.0).astype(jnp.float8_e4m3fn)
         s = formats.decode_fp8(scales)[..., None]

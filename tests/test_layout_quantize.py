@@ -69,6 +69,32 @@ def test_mx_scale_is_block_amax_over_format_max_rounded_up(rng, fmt, fmax):
     assert np.all(np.abs(deq - x) <= rel * np.abs(x) + step * (0.5 if fmt == "mxfp4" else 2**-7))
 
 
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp8_e5m2", "mxfp4"])
+def test_mx_codes_are_the_scaled_values_rounded(rng, fmt):
+    """Every code is x / scale rounded to nearest even in the format (float64 reference), with
+    magnitudes spread over 2^-40..2^40 inside each block, so that small values land on the
+    format's subnormals and on zero (with their sign), and one block of values exactly halfway
+    between two codes (a scale off by one ulp rounds them the other way)."""
+    x = (rng.standard_normal((96, 128)) * np.exp2(rng.integers(-40, 40, size=(96, 128)))).astype(np.float32)
+    x[5, :32] = 0.0
+    x[6, 32:64] = -0.0
+    halfway = {"mxfp8_e4m3": [1.0625, 2.125, 1.1875], "mxfp8_e5m2": [1.125, 2.25, 1.375], "mxfp4": [0.25, 1.25, 2.5, 5.0]}[fmt]
+    fmax = jga.FORMATS[fmt].max_value
+    x[7, 0] = fmax * 8.0  # the block's amax: its scale is exactly 2^3
+    x[7, 1:32] = np.resize(halfway, 31) * np.resize([8.0, -8.0], 31)
+    q, sf = jga.quantize(x, fmt)
+    scale = np.repeat(npref.decode_scales(np.asarray(jga.plain_from_physical(sf, 96, 4))), 32, axis=-1)
+    scaled = x.astype(np.float64) / scale
+    if fmt == "mxfp4":
+        got = npref.decode_values(np.asarray(q))
+        want = np.asarray(jga.formats.e2m1_values(jga.formats.e2m1_codes(jnp.asarray(scaled.astype(np.float32)))))
+        np.testing.assert_array_equal(got, want)
+        return
+    dtype = jga.FORMATS[fmt].value_dtype
+    want = scaled.astype(np.float32).astype(dtype)  # exact in float32 (powers of two), one rounding
+    np.testing.assert_array_equal(np.asarray(q).view(np.uint8), want.view(np.uint8))
+
+
 def test_nvfp4_uses_e4m3_scales_per_16(rng):
     x = rng.standard_normal((64, 64)).astype(np.float32)
     q, sf = jga.quantize(x, "nvfp4")

@@ -2,7 +2,8 @@
 # On the GPU machine (from the repository root): build and install for sm_90a and check the SASS,
 # then the named stages: `tests` (the whole suite on the GPU backend, ~5 min since session 6), `bench` (the
 # side-by-side benchmark, --record), `memcheck` (compute-sanitizer on small cases), `train` (the
-# Flax example's step times). Logs and the updated RESULTS.md land in $OUT. Each stage has its own
+# Flax example's step times), and, when named, `layer` (benchmarks/bench_layer.py: MLP layers with the
+# activation's quantization, --record). Logs and the updated RESULTS.md land in $OUT. Each stage has its own
 # time limit; all four take more than one device call's 10 minutes, so run them as two calls:
 #   benchmarks/gpu_run.sh tests
 #   benchmarks/gpu_run.sh bench memcheck train
@@ -42,6 +43,13 @@ if run_stage bench; then
   echo "bench rc=$?"; tail -10 "$OUT/bench.log"
   cp "$REPO/benchmarks/RESULTS.md" "$OUT/RESULTS.md" 2>/dev/null
   stamp "benchmark"
+fi
+
+if run_stage layer; then
+  env -u XLA_PYTHON_CLIENT_PREALLOCATE timeout 200 python3 "$REPO/benchmarks/bench_layer.py" --record > "$OUT/layer.log" 2>&1
+  echo "layer rc=$?"; tail -6 "$OUT/layer.log"
+  cp "$REPO/benchmarks/RESULTS.md" "$OUT/RESULTS.md" 2>/dev/null
+  stamp "layer"
 fi
 
 if run_stage memcheck; then

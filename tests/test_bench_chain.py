@@ -1,7 +1,9 @@
-"""benchmarks/bench_gemm.py --chain: the N repeats inside one jitted call must all run (XLA merges
-identical calls on identical operands, which would make the chained timing N times too fast)."""
+"""The benchmark scripts' own logic. bench_gemm.py --chain: the N repeats inside one jitted call
+must all run (XLA merges identical calls on identical operands, which would make the chained timing
+N times too fast). bench_layer.py: runs, and its candidates compute the same layer."""
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import jax
@@ -10,9 +12,16 @@ import pytest
 
 import jax_gemm_amax as jga
 
-_spec = importlib.util.spec_from_file_location("bench_gemm", Path(__file__).parents[1] / "benchmarks" / "bench_gemm.py")
-bench_gemm = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench_gemm)
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).parents[1] / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+bench_gemm = _load("bench_gemm")
+bench_layer = _load("bench_layer")
 
 
 @pytest.mark.parametrize("live_outputs", [False, True], ids=["temporaries", "live"])
@@ -60,3 +69,11 @@ def test_candidates_take_turns_and_get_their_own_medians():
     assert calls == ["slow", "fast", "slow", "fast"] + ["slow", "slow", "fast", "fast"] * 3
     assert result["slow"][0] > 2e-3 > result["fast"][0] > 2e-4
     assert float(result["slow"][1]) == 1.0
+
+
+def test_layer_benchmark_runs_and_its_candidates_agree(monkeypatch, capsys):
+    """bench_layer.main on a tiny stack: it asserts that one layer of ours matches the XLA
+    dequantize path's within 2^-7, and prints a row per size."""
+    monkeypatch.setattr(sys, "argv", ["bench_layer.py", "--sizes", "128x256", "--layers", "2", "--calls", "1", "--repeats", "1"])
+    bench_layer.main()
+    assert "| 128 × 256 |" in capsys.readouterr().out

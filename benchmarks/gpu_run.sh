@@ -4,7 +4,7 @@
 # side-by-side benchmark, --record), `memcheck` (compute-sanitizer on small cases), `train` (the
 # Flax example's step times), and, when named, `layer` (benchmarks/bench_layer.py: MLP layers with the
 # activation's quantization, --record). Logs and the updated RESULTS.md land in $OUT. Each stage has its own
-# time limit; all four take more than one device call's 10 minutes, so run them as two calls:
+# time limit; the default four take more than one device call's 10 minutes, so run them as two calls:
 #   benchmarks/gpu_run.sh tests
 #   benchmarks/gpu_run.sh bench memcheck train
 # Optional: JGA_BIG_TRAIN=0 skips the large Flax example, JGA_BENCH_ARGS="--repeats 5" is passed to

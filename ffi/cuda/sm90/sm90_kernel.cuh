@@ -907,7 +907,7 @@ __device__ __forceinline__ void ConvertRowUnit(const uint32_t (&codes)[16], cons
 // the consumers' order, see ConvertRowUnit; zeros past K), at output row r (B) or, for A, at the row
 // of its 8-row group that the consumers' SS WGMMA reads as fragment row FragRow^-1(r % 8), so that
 // the accumulators hold the same rows as with A converted in registers (the epilogue is shared).
-// One thread per (l, r, u), u fastest, so a warp's units are mostly 4 KB of consecutive output:
+// Units (l, r, u) numbered u fastest, a warp's 32 consecutive at a time, so they are mostly 4 KB of consecutive output:
 // they are staged in shared memory (chunks XOR-swizzled, conflict-free) and stored 16 bytes per
 // lane, 512 bytes per instruction (stored straight from each thread, every instruction wrote 16
 // bytes into each of 32 lines: 144 us for B at 8192^3, ncu; staged: 54.5 us).
@@ -944,21 +944,24 @@ struct UnitPos {
     }
   }
 };
+// Units per thread of PreconvertKernel, their loads issued together: the pass is latency-bound
+// (one unit per thread: 24 cycles between a warp's instructions, a third of them waiting on L1TEX,
+// 1.29 waves, 14.6 us for a 4096^2 B, ncu), so each thread keeps two units' loads in flight.
+constexpr int kPreconvertUnitsPerThread = 2;
+constexpr int kPreconvertThreads = 256;
+
+// Loads unit v's codes and scale bytes (GatherRowUnit); past the last unit, every group is invalid
+// (multiplier 0), so dead lanes still vote in ConvertRowUnit.
 template <int V>
-__global__ void __launch_bounds__(256) PreconvertKernel(const PreconvertParams q) {
+__device__ __forceinline__ void GatherPreconvertUnit(const PreconvertParams& q, long long v, uint32_t (&codes)[16],
+                                                     uint32_t (&sf)[4], bool (&valid)[4]) {
   using Tr = VariantTraits<V>;
-  // Lets the GEMM (launched as this kernel's programmatic dependent) start its prologue; its
-  // producer waits for this grid (griddepcontrol.wait) before it loads the BF16 operand(s).
-  asm volatile("griddepcontrol.launch_dependents;");
-  const int i = blockIdx.x * 256 + threadIdx.x;
-  const bool live = i < q.units;  // dead lanes still vote in ConvertRowUnit
-  const UnitPos pos(live ? i : 0, q);
+  const bool live = v < q.units;
+  const UnitPos pos(live ? static_cast<int>(v) : 0, q);
   const int slab = pos.u / Tr::kUnitsPerSlab, ui = pos.u % Tr::kUnitsPerSlab;
   const uint8_t* src = q.codes + (static_cast<long long>(pos.l) * q.rows + pos.r) * q.row_bytes + slab * 128ll;
   const uint8_t* sfr = q.sf + pos.l * q.sf_batch_stride + static_cast<long long>(pos.r >> 7) * q.k_blocks * 512;
-  const int k_groups = live ? q.k_groups : 0;  // dead lanes: every group invalid (multiplier 0)
-  uint32_t codes[16], sf[4];
-  bool valid[4];
+  const int k_groups = live ? q.k_groups : 0;
   GatherRowUnit<V>(
       ui, slab, k_groups,
       [&](int chunk, int half) {
@@ -966,8 +969,8 @@ __global__ void __launch_bounds__(256) PreconvertKernel(const PreconvertParams q
         if constexpr (!Tr::kFp4) {
           return __ldg(reinterpret_cast<const uint4*>(src + 16 * chunk));
         } else {
-          const uint2 v = __ldg(reinterpret_cast<const uint2*>(src + 16 * chunk + 8 * half));
-          return make_uint4(v.x, v.y, 0, 0);
+          const uint2 w = __ldg(reinterpret_cast<const uint2*>(src + 16 * chunk + 8 * half));
+          return make_uint4(w.x, w.y, 0, 0);
         }
       },
       [&](int gis) {
@@ -975,25 +978,45 @@ __global__ void __launch_bounds__(256) PreconvertKernel(const PreconvertParams q
         return group < k_groups ? static_cast<uint32_t>(__ldg(sfr + (group >> 2) * 512 + SfInBlock(pos.r, group & 3))) : 0u;
       },
       codes, sf, valid);
-  __shared__ __align__(16) uint4 stage[8][32 * 8];  // per warp: 32 units x 8 chunks
+}
+
+template <int V>
+__global__ void __launch_bounds__(kPreconvertThreads) PreconvertKernel(const PreconvertParams q) {
+  // Lets the GEMM (launched as this kernel's programmatic dependent) start its prologue; its
+  // producer waits for this grid (griddepcontrol.wait) before it loads the BF16 operand(s).
+  asm volatile("griddepcontrol.launch_dependents;");
+  constexpr int kU = kPreconvertUnitsPerThread;
+  // This thread's units: first + kPreconvertThreads * h (a warp's 32 units consecutive each time).
+  const long long first = static_cast<long long>(blockIdx.x) * (kPreconvertThreads * kU) + threadIdx.x;
+  uint32_t codes[kU][16], sf[kU][4];
+  bool valid[kU][4];
+#pragma unroll
+  for (int h = 0; h < kU; ++h) GatherPreconvertUnit<V>(q, first + kPreconvertThreads * h, codes[h], sf[h], valid[h]);
+  __shared__ __align__(16) uint4 stage[kPreconvertThreads / 32][32 * 8];  // per warp: 32 units x 8 chunks
   const int lane = threadIdx.x & 31;
   uint4* ws = stage[threadIdx.x >> 5];
-  ConvertRowUnit<V>(codes, sf, valid, [&](int chunk, uint32_t x, uint32_t y, uint32_t z, uint32_t w) {
-    ws[lane * 8 + (chunk ^ (lane & 7))] = make_uint4(x, y, z, w);
-  });
-  __syncwarp();
-  // Store pass r: 16-byte chunk c = 32r + lane of the warp's 4 KB, i.e. chunk c & 7 of the warp's
-  // unit 4r + lane / 8 (unit v, in input order).
-  int v = i - lane + (lane >> 3);
-  UnitPos at(min(v, q.units - 1), q);
 #pragma unroll
-  for (int r = 0; r < 8; ++r, v += 4) {
-    if (v >= q.units) break;
-    if (r > 0) at.Step(4, q);
-    const int unit = 4 * r + (lane >> 3), c = lane & 7;
-    const int out_r = q.frag_order ? FragOrderRow(at.r) : at.r;
-    const long long dst = (static_cast<long long>(at.l) * q.out_rows + out_r) * q.units_per_row + at.u;
-    reinterpret_cast<uint4*>(q.out)[dst * 8 + c] = ws[unit * 8 + (c ^ (unit & 7))];
+  for (int h = 0; h < kU; ++h) {
+    if (h > 0) __syncwarp();  // the previous units' stores have read the stage
+    ConvertRowUnit<V>(codes[h], sf[h], valid[h], [&](int chunk, uint32_t x, uint32_t y, uint32_t z, uint32_t w) {
+      ws[lane * 8 + (chunk ^ (lane & 7))] = make_uint4(x, y, z, w);
+    });
+    __syncwarp();
+    // Store pass r: 16-byte chunk c = 32r + lane of the warp's 4 KB, i.e. chunk c & 7 of the warp's
+    // unit 4r + lane / 8 (unit v, in input order).
+    const long long warp_first = first + kPreconvertThreads * h - lane;
+    if (warp_first >= q.units) continue;
+    int v = static_cast<int>(warp_first) + (lane >> 3);
+    UnitPos at(min(v, q.units - 1), q);
+#pragma unroll
+    for (int r = 0; r < 8; ++r, v += 4) {
+      if (v >= q.units) break;
+      if (r > 0) at.Step(4, q);
+      const int unit = 4 * r + (lane >> 3), c = lane & 7;
+      const int out_r = q.frag_order ? FragOrderRow(at.r) : at.r;
+      const long long dst = (static_cast<long long>(at.l) * q.out_rows + out_r) * q.units_per_row + at.u;
+      reinterpret_cast<uint4*>(q.out)[dst * 8 + c] = ws[unit * 8 + (c ^ (unit & 7))];
+    }
   }
 }
 

@@ -114,7 +114,8 @@ cudaError_t LaunchKernel(const LaunchCtx& ctx, bool programmatic) {
 
 template <int V>
 cudaError_t LaunchPreconvert(const PreconvertParams& q, cudaStream_t stream) {
-  PreconvertKernel<V><<<static_cast<unsigned>((q.units + 255) / 256), 256, 0, stream>>>(q);
+  constexpr int kPerBlock = kPreconvertThreads * kPreconvertUnitsPerThread;
+  PreconvertKernel<V><<<static_cast<unsigned>((q.units + kPerBlock - 1) / kPerBlock), kPreconvertThreads, 0, stream>>>(q);
   return cudaGetLastError();
 }
 

@@ -982,8 +982,8 @@ __device__ __forceinline__ void GatherPreconvertUnit(const PreconvertParams& q, 
 
 template <int V>
 __global__ void __launch_bounds__(kPreconvertThreads) PreconvertKernel(const PreconvertParams q) {
-  // Lets the GEMM (launched as this kernel's programmatic dependent) start its prologue; its
-  // producer waits for this grid (griddepcontrol.wait) before it loads the BF16 operand(s).
+  // Lets the next kernel (the other pass, or the GEMM, whose producer waits for this grid before it
+  // loads the BF16 operand(s)) launch as this one's programmatic dependent.
   asm volatile("griddepcontrol.launch_dependents;");
   constexpr int kU = kPreconvertUnitsPerThread;
   // This thread's units: first + kPreconvertThreads * h (a warp's 32 units consecutive each time).
@@ -1018,6 +1018,10 @@ __global__ void __launch_bounds__(kPreconvertThreads) PreconvertKernel(const Pre
       reinterpret_cast<uint4*>(q.out)[dst * 8 + c] = ws[unit * 8 + (c ^ (unit & 7))];
     }
   }
+  // Launched as a programmatic dependent (LaunchPreconvert), this grid may run beside the kernel
+  // before it; it completes only after that one has, so whoever waits for this grid (the GEMM)
+  // waits for every kernel of the launch before it. A no-op otherwise.
+  asm volatile("griddepcontrol.wait;" ::: "memory");
 }
 
 // kPre (kPreA | kPreB bits): tm_a / tm_b map PreconvertKernel's BF16 operand (128-byte units)

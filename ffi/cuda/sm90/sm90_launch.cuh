@@ -112,24 +112,38 @@ cudaError_t LaunchKernel(const LaunchCtx& ctx, bool programmatic) {
   return cudaLaunchKernelEx(&cfg, GemmAmaxKernel<V, MI, kSplitK, kPre>, ctx.tm_a, ctx.tm_b, ctx.params);
 }
 
+// programmatic: launched as the programmatic dependent of the kernel before it on the stream (the
+// reset kernel or the other pass), which it does not read: its CTAs fill the SMs as that grid
+// drains instead of after it; PreconvertKernel waits for that grid before it exits (see there).
 template <int V>
-cudaError_t LaunchPreconvert(const PreconvertParams& q, cudaStream_t stream) {
+cudaError_t LaunchPreconvert(const PreconvertParams& q, cudaStream_t stream, bool programmatic) {
   constexpr int kPerBlock = kPreconvertThreads * kPreconvertUnitsPerThread;
-  PreconvertKernel<V><<<static_cast<unsigned>((q.units + kPerBlock - 1) / kPerBlock), kPreconvertThreads, 0, stream>>>(q);
-  return cudaGetLastError();
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>((q.units + kPerBlock - 1) / kPerBlock), 1, 1);
+  cfg.blockDim = dim3(kPreconvertThreads, 1, 1);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = programmatic ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, PreconvertKernel<V>, q);
 }
 
 template <int V, int MI>
 cudaError_t LaunchVariantMI(const LaunchCtx& ctx) {
   if constexpr (MI == 2) {
     if (ctx.pre != 0) {
-      // The operands -> BF16 first; the GEMM is the last pass's programmatic dependent (the reset
-      // kernel, if any, and an earlier pass ran before: stream order).
+      // The operands -> BF16 first, each pass the programmatic dependent of the kernel before it (the
+      // reset kernel, if any, or the other pass), the GEMM that of the last pass. A pass exits only
+      // after its predecessor has completed, so the last pass's completion, which the GEMM's
+      // producer waits for, covers every kernel before it.
       const bool split = ctx.params.splits > 1;
       if (split && ctx.pre != kPreA) return cudaErrorInvalidConfiguration;  // split plans: A only (PlanOf)
       cudaError_t err = cudaSuccess;
-      if (ctx.pre & kPreB) err = LaunchPreconvert<V>(ctx.pre_b, ctx.stream);
-      if (err == cudaSuccess && (ctx.pre & kPreA)) err = LaunchPreconvert<V>(ctx.pre_a, ctx.stream);
+      if (ctx.pre & kPreB) err = LaunchPreconvert<V>(ctx.pre_b, ctx.stream, ctx.after_reset);
+      if (err == cudaSuccess && (ctx.pre & kPreA))
+        err = LaunchPreconvert<V>(ctx.pre_a, ctx.stream, ctx.after_reset || (ctx.pre & kPreB));
       if (err != cudaSuccess) return err;
       if (split) return LaunchKernel<V, 2, true, kPreA>(ctx, true);
       switch (ctx.pre) {

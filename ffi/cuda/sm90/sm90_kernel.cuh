@@ -907,10 +907,10 @@ __device__ __forceinline__ void ConvertRowUnit(const uint32_t (&codes)[16], cons
 // the consumers' order, see ConvertRowUnit; zeros past K), at output row r (B) or, for A, at the row
 // of its 8-row group that the consumers' SS WGMMA reads as fragment row FragRow^-1(r % 8), so that
 // the accumulators hold the same rows as with A converted in registers (the epilogue is shared).
-// Units (l, r, u) numbered u fastest, a warp's 32 consecutive at a time, so they are mostly 4 KB of consecutive output:
-// they are staged in shared memory (chunks XOR-swizzled, conflict-free) and stored 16 bytes per
-// lane, 512 bytes per instruction (stored straight from each thread, every instruction wrote 16
-// bytes into each of 32 lines: 144 us for B at 8192^3, ncu; staged: 54.5 us).
+// Units (l, r, u) are numbered u fastest and a warp takes 32 consecutive ones at a time, mostly 4 KB
+// of consecutive output: they are staged in shared memory (chunks XOR-swizzled, conflict-free) and
+// stored 16 bytes per lane, 512 bytes per instruction (stored straight from each thread, every
+// instruction wrote 16 bytes into each of 32 lines: 144 us for B at 8192^3, ncu; staged: 54.5 us).
 struct PreconvertParams {
   const uint8_t* codes;
   const uint8_t* sf;

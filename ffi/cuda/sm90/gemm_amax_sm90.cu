@@ -422,6 +422,7 @@ cudaError_t PlanFor(const GemmAmaxProblem& p, size_t workspace_bytes, const Laun
   info->tile_m = 128 * plan.mi;
   info->splits = plan.splits;
   info->whole_tiles = plan.whole_tiles;
+  info->clusters = dev < kMaxDevices ? MaxActiveClusters(dev, VariantOf(p), plan.mi, KernelKind(plan.splits > 1, pre)) : 0;
   return cudaSuccess;
 }
 

@@ -74,6 +74,7 @@ cudaError_t LaunchWithOptions(const GemmAmaxProblem& p, const GemmAmaxBuffers& b
 struct PlanInfo {
   int tile_m = 0, splits = 0, whole_tiles = 0;  // whole_tiles: tiles run unsplit before the split ones
   bool preconvert_a = false, preconvert_b = false;
+  int clusters = 0;  // co-resident clusters of the plan's kernel (the persistent grid's cap); 0 until a launch has prepared this device
 };
 cudaError_t PlanFor(const GemmAmaxProblem& p, size_t workspace_bytes, const LaunchOptions& opt, PlanInfo* info);
 

@@ -34,8 +34,9 @@ struct LaunchCtx {
 constexpr int kMaxDevices = 64;
 constexpr int kKernelKinds = 6;
 int& MaxActiveClusters(int device, int variant, int mi, int kind);
+constexpr int KernelKind(bool split_k, int pre) { return split_k ? (pre != 0 ? 5 : 1) : pre != 0 ? 1 + pre : 0; }
 template <bool kSplitK, int kPre>
-constexpr int kKernelKind = kSplitK ? (kPre != 0 ? 5 : 1) : kPre != 0 ? 1 + kPre : 0;
+constexpr int kKernelKind = KernelKind(kSplitK, kPre);
 
 cudaError_t LaunchVariant0(const LaunchCtx& ctx);  // e4m3, e8m0/32
 cudaError_t LaunchVariant1(const LaunchCtx& ctx);  // e5m2, e8m0/32

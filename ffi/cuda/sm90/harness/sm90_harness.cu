@@ -33,10 +33,6 @@
 #include "common/problem.h"
 #include "cuda/sm90/gemm_amax_sm90.h"
 
-namespace jga::sm90 {
-int& MaxActiveClusters(int device, int variant, int mi, int kind);  // sm90_launch.cuh
-}
-
 using namespace jga;
 
 #define CK(x)                                                                                 \
@@ -804,7 +800,7 @@ static void OneConfig(int64_t M, int64_t N, int64_t K, int tile, int flags, int 
   CK(cudaDeviceSynchronize());
   printf("one %lldx%lldx%lld tile=%d flags=%d %8.3f ms %8.1f TF/s  host %.1f us per launch  clusters %d  plan %d/%d/%d\n",
          (long long)M, (long long)N, (long long)K, tile, flags, med, 2.0 * M * N * K / (med * 1e-3) / 1e12, host_us,
-         sm90::MaxActiveClusters(0, 0, tile / 128, 0), plan.tile_m, plan.splits, plan.whole_tiles);
+         plan.clusters, plan.tile_m, plan.splits, plan.whole_tiles);
   d.Free();
 }
 

@@ -51,26 +51,31 @@ def test_every_repeat_of_a_chain_is_compiled(name, op, live_outputs):
             assert float(value) == pytest.approx(want, rel=1e-6)
 
 
-def test_candidates_take_turns_and_get_their_own_medians():
+def test_candidates_take_turns_and_get_their_own_medians(monkeypatch):
     """bench_gemm.timed_rounds: every round times each candidate once, in the same order (so that the
-    GPU's clock drift reaches all of them alike), and each median is that candidate's own."""
+    GPU's clock drift reaches all of them alike), and each median is that candidate's own. A fake
+    clock that only the candidates advance keeps the medians exact on a loaded machine."""
     calls = []
+    clock = [0.0]
+    monkeypatch.setattr(bench_gemm.time, "perf_counter", lambda: clock[0])
+    # Each call's cost in its candidate's unit: four warm-up calls, then rounds of (slow, slow, fast,
+    # fast). Per round the samples are slow 6, 2, 1 and fast 7, 3, 1: medians 2 and 3, which differ
+    # from each candidate's first and last sample and from its mean.
+    costs = iter([1, 1, 1, 1] + [6, 6, 7, 7, 2, 2, 3, 3, 1, 1, 1, 1])
 
-    def candidate(name, seconds):
+    def candidate(name, unit):
         def fn(x):
             calls.append(name)
-            deadline = bench_gemm.time.perf_counter() + seconds
-            while bench_gemm.time.perf_counter() < deadline:
-                pass
+            clock[0] += next(costs) * unit
             return x + 1
 
         return fn
 
-    fns = {"slow": candidate("slow", 2e-3), "fast": candidate("fast", 2e-4)}
+    fns = {"slow": candidate("slow", 1e-3), "fast": candidate("fast", 1e-5)}
     result = bench_gemm.timed_rounds(fns, (jnp.zeros(()),), calls=2, repeats=3)
-    # two warm-up calls each, then 3 rounds of (2 slow, 2 fast)
     assert calls == ["slow", "fast", "slow", "fast"] + ["slow", "slow", "fast", "fast"] * 3
-    assert result["slow"][0] > 2e-3 > result["fast"][0] > 2e-4
+    assert result["slow"][0] == pytest.approx(2e-3)
+    assert result["fast"][0] == pytest.approx(3e-5)
     assert float(result["slow"][1]) == 1.0
 
 

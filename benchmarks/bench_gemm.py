@@ -17,10 +17,14 @@ operations rather than the dispatch. The repeats' outputs stay XLA temporaries, 
 a jitted step (`--chain-live-outputs` returns them all, which costs every path host time per call:
 XLA updates each command of its command buffer whose output moved).
 
+A shape may carry its own chain length, `MxNxK:N`. The default GPU shapes are issue #3's six, its
+two small ones chained 20 per call, so that one run gives the table its targets are read from.
+
     python benchmarks/bench_gemm.py                 # default shapes, prints a markdown table
     python benchmarks/bench_gemm.py --record        # also appends the table to benchmarks/RESULTS.md
     python benchmarks/bench_gemm.py --format nvfp4  # NVFP4 operands (a peer that cannot run it: n/a)
-    python benchmarks/bench_gemm.py --chain 20      # 20 repeats per jitted call (small shapes)
+    python benchmarks/bench_gemm.py --chain 20      # 20 repeats per jitted call for every shape
+    python benchmarks/bench_gemm.py --shapes 8192x8192x8192,1024x1024x1024:20
 """
 
 from __future__ import annotations
@@ -37,8 +41,18 @@ import jax.numpy as jnp
 
 import jax_gemm_amax as jga
 
-GPU_SHAPES = [(8192, 8192, 8192), (4096, 4096, 4096), (16384, 8192, 1024), (2048, 28672, 8192), (256, 8192, 8192), (1024, 1024, 1024)]
-CPU_SHAPES = [(256, 256, 512), (512, 512, 1024)]
+GPU_SHAPES = "8192x8192x8192,4096x4096x4096,16384x8192x1024,2048x28672x8192,256x8192x8192:20,1024x1024x1024:20"
+CPU_SHAPES = "256x256x512,512x512x1024"
+
+
+def parse_shapes(spec, default_chain):
+    """'MxNxK[:chain],...' -> [(m, n, k, chain)]; a shape without ':chain' gets default_chain."""
+    shapes = []
+    for item in spec.split(","):
+        dims, _, chain = item.partition(":")
+        m, n, k = (int(v) for v in dims.split("x"))
+        shapes.append((m, n, k, int(chain) if chain else default_chain))
+    return shapes
 
 
 def timed_rounds(fns, args, calls, repeats):
@@ -147,10 +161,11 @@ def build_candidates(on_gpu, fmt):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--shapes", default=None, help="e.g. 8192x8192x8192,256x8192x8192")
+    parser.add_argument("--shapes", default=None, help="MxNxK[:chain],... e.g. 8192x8192x8192,256x8192x8192:20")
     parser.add_argument("--calls", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--chain", type=int, default=1, help="repeats of the operation inside one jitted call")
+    parser.add_argument("--chain", type=int, default=1,
+                        help="repeats of the operation inside one jitted call, for shapes without their own ':chain'")
     parser.add_argument("--chain-live-outputs", action="store_true",
                         help="return every repeat's C from the chain (program outputs) instead of keeping them temporary")
     parser.add_argument("--format", default="mxfp8_e4m3", choices=sorted(jga.FORMATS), help="operand format")
@@ -159,10 +174,12 @@ def main():
     fmt, sfv = args.format, jga.FORMATS[args.format].sf_vec_size
 
     on_gpu = jax.default_backend() == "gpu"
-    shapes = GPU_SHAPES if on_gpu else CPU_SHAPES
-    if args.shapes:
-        shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
-    cands = {name: chained(fn, args.chain, args.chain_live_outputs) for name, fn in build_candidates(on_gpu, fmt).items()}
+    shape_spec = args.shapes or (GPU_SHAPES if on_gpu else CPU_SHAPES)
+    shapes = parse_shapes(shape_spec, args.chain)
+    candidates = build_candidates(on_gpu, fmt)
+    chains = {n: {name: chained(fn, n, args.chain_live_outputs) for name, fn in candidates.items()}
+              for n in sorted({chain for *_, chain in shapes})}
+    cands = chains[shapes[0][3]]  # the candidates' names, alike for every chain length
     device = jax.devices()[0].device_kind
 
     peers = {"cuBLAS bf16": "bf16 dot, no scales (cuBLAS)", "XLA dequant": "XLA dequant→bf16 dot→amax"}
@@ -171,7 +188,7 @@ def main():
     header = "| M×N×K | " + " | ".join(cands) + " | " + " | ".join(f"ours bf16 / {p}" for p in peers) + " |"
     rows = [header, "|" + "---|" * (len(cands) + len(peers) + 1)]
     ratios = {p: [] for p in peers}
-    for m, n, k in shapes:
+    for m, n, k, chain in shapes:
         kx, kw = jax.random.split(jax.random.key(m * 7 + n * 3 + k))
         x = jax.random.normal(kx, (m, k), jnp.float32)
         w = jax.random.normal(kw, (n, k), jnp.float32)
@@ -179,12 +196,12 @@ def main():
         qb, sfb = jga.quantize(w, fmt)
         xa, xb = x.astype(jnp.bfloat16), w.astype(jnp.bfloat16)
         del x, w
-        ops = chain_operands((qa, qb, sfa, sfb, xa, xb), args.chain)
+        ops = chain_operands((qa, qb, sfa, sfb, xa, xb), chain)
         ref = None
         tflops = {}
-        for name, (t, out) in timed_rounds(cands, ops, args.calls, args.repeats).items():
-            tflops[name] = 2 * m * n * k * args.chain / t / 1e12
-            c, amax = out if args.chain == 1 else out[0]
+        for name, (t, out) in timed_rounds(chains[chain], ops, args.calls, args.repeats).items():
+            tflops[name] = 2 * m * n * k * chain / t / 1e12
+            c, amax = out if chain == 1 else out[0]
             if name.startswith("XLA"):
                 continue
             if ref is None and not name.startswith("bf16"):
@@ -199,7 +216,8 @@ def main():
         cells = " | ".join(f"{tflops[c]:.3g}" for c in cands)
         for p, name in peers.items():
             ratios[p].append(tflops["gemm_amax bf16"] / tflops[name])
-        rows.append(f"| {m}×{n}×{k} | {cells} | " + " | ".join(f"{ratios[p][-1]:.2f}" for p in peers) + " |")
+        label = f"{m}×{n}×{k}" + (f" (chain {chain})" if chain > 1 else "")
+        rows.append(f"| {label} | {cells} | " + " | ".join(f"{ratios[p][-1]:.2f}" for p in peers) + " |")
         print(rows[-1], flush=True)
     geomean = {p: math.exp(sum(map(math.log, r)) / len(r)) for p, r in ratios.items()}
     rows.append("| geometric mean | " + " | ".join("" for _ in cands) + " | "
@@ -208,14 +226,15 @@ def main():
     table = "\n".join(rows)
     print()
     live = " (live outputs)" if args.chain_live_outputs else ""
-    print(f"{device}, jax {jax.__version__}, {fmt}, chain {args.chain}{live}, TFLOP/s (2MNK / median time), outputs checked against the f32 product")
+    print(f"{device}, jax {jax.__version__}, {fmt}{live}, TFLOP/s (2MNK x chain / median time), outputs checked against the f32 product")
     print(table)
     if args.record:
-        shape_arg = f" --shapes {args.shapes}" if args.shapes else ""
         record(f"gemm_amax vs peers on {device}",
-               f"`python benchmarks/bench_gemm.py --format {fmt}{shape_arg} --calls {args.calls} --repeats {args.repeats}"
+               f"`python benchmarks/bench_gemm.py --format {fmt} --shapes {shape_spec} --calls {args.calls} --repeats {args.repeats}"
                f" --chain {args.chain}{' --chain-live-outputs' if args.chain_live_outputs else ''}`"
-               f" (jax {jax.__version__}); TFLOP/s = 2MNK / median time, {fmt} operands.", table)
+               f" (jax {jax.__version__}); TFLOP/s = 2MNK x chain / median time, {fmt} operands; a row's chain: "
+               f"the operation that many times per jitted call, the outputs {'live' if args.chain_live_outputs else 'temporaries'}.",
+               table)
 
 
 if __name__ == "__main__":

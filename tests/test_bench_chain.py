@@ -79,6 +79,18 @@ def test_candidates_take_turns_and_get_their_own_medians(monkeypatch):
     assert float(result["slow"][1]) == 1.0
 
 
+def test_shapes_carry_their_own_chain(monkeypatch, capsys):
+    """bench_gemm --shapes MxNxK[:chain]: a shape without one takes --chain; the default GPU shapes
+    are issue #3's six with the two small ones chained 20 per call; a chained row says so, and every
+    candidate of it is checked against the f32 product (main asserts)."""
+    assert bench_gemm.parse_shapes("1x2x3,4x5x6:7", 2) == [(1, 2, 3, 2), (4, 5, 6, 7)]
+    assert [chain for *_, chain in bench_gemm.parse_shapes(bench_gemm.GPU_SHAPES, 1)] == [1, 1, 1, 1, 20, 20]
+    monkeypatch.setattr(sys, "argv", ["bench_gemm.py", "--shapes", "128x128x256,128x128x256:2", "--calls", "1", "--repeats", "1"])
+    bench_gemm.main()
+    out = capsys.readouterr().out
+    assert "| 128×128×256 |" in out and "| 128×128×256 (chain 2) |" in out
+
+
 def test_layer_benchmark_runs_and_its_candidates_agree(monkeypatch, capsys):
     """bench_layer.main on a tiny stack: it asserts that one layer of ours matches the XLA
     dequantize path's within 2^-7, and prints a row per size."""

@@ -91,9 +91,11 @@ def test_shapes_carry_their_own_chain(monkeypatch, capsys):
     assert "| 128×128×256 |" in out and "| 128×128×256 (chain 2) |" in out
 
 
-def test_layer_benchmark_runs_and_its_candidates_agree(monkeypatch, capsys):
+@pytest.mark.parametrize("act_dtype", ["float32", "bfloat16"])
+def test_layer_benchmark_runs_and_its_candidates_agree(monkeypatch, capsys, act_dtype):
     """bench_layer.main on a tiny stack: it asserts that one layer of ours matches the XLA
     dequantize path's within 2^-7, and prints a row per size."""
-    monkeypatch.setattr(sys, "argv", ["bench_layer.py", "--sizes", "128x256", "--layers", "2", "--calls", "1", "--repeats", "1"])
+    monkeypatch.setattr(sys, "argv", ["bench_layer.py", "--sizes", "128x256", "--layers", "2", "--calls", "1", "--repeats", "1",
+                                      "--act-dtype", act_dtype])
     bench_layer.main()
     assert "| 128 × 256 |" in capsys.readouterr().out

@@ -3,8 +3,9 @@
 # then the named stages: `tests` (the whole suite on the GPU backend, ~5 min since session 6), `bench` (the
 # side-by-side benchmark, --record), `memcheck` (compute-sanitizer on small cases), `train` (the
 # Flax example's step times), and, when named, `layer` (benchmarks/bench_layer.py: MLP layers with the
-# activation's quantization, --record). Logs and the updated RESULTS.md land in $OUT. Each stage has its own
-# time limit; the default four take more than one device call's 10 minutes, so run them as two calls:
+# activation's quantization, f32 and bf16 activations, --record). Logs and the updated RESULTS.md
+# land in $OUT. Each stage has its own time limit; the default four take more than one device call's
+# 10 minutes, so run them as two calls:
 #   benchmarks/gpu_run.sh tests
 #   benchmarks/gpu_run.sh bench memcheck train
 # Optional: JGA_BIG_TRAIN=0 skips the large Flax example, JGA_BENCH_ARGS="--repeats 5" is passed to
@@ -47,8 +48,10 @@ if run_stage bench; then
 fi
 
 if run_stage layer; then
-  env -u XLA_PYTHON_CLIENT_PREALLOCATE timeout 200 python3 "$REPO/benchmarks/bench_layer.py" --record > "$OUT/layer.log" 2>&1
-  echo "layer rc=$?"; tail -6 "$OUT/layer.log"
+  for act in float32 bfloat16; do
+    env -u XLA_PYTHON_CLIENT_PREALLOCATE timeout 150 python3 "$REPO/benchmarks/bench_layer.py" --act-dtype $act --record > "$OUT/layer_$act.log" 2>&1
+    echo "layer ($act activations) rc=$?"; tail -4 "$OUT/layer_$act.log"
+  done
   cp "$REPO/benchmarks/RESULTS.md" "$OUT/RESULTS.md" 2>/dev/null
   stamp "layer"
 fi

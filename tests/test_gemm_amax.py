@@ -255,11 +255,12 @@ def test_every_element_of_a_long_run(fmt, m, n, k):
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="the SM90 kernel's two ways of converting operands")
 @pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp4", "nvfp4"])
 @pytest.mark.parametrize("m,n,k,split", [(4100, 2200, 352, False), (1996, 4100, 352, False), (4100, 4100, 352, False),
-                                         (250, 6000, 8192, True)], ids=["B", "A", "AB", "A-split-K"])
+                                         (3100, 2200, 2080, False), (250, 6000, 8192, True)],
+                         ids=["B", "A", "AB", "AB-long-K", "A-split-K"])
 def test_preconverted_operands_match_in_kernel_conversion(fmt, m, n, k, split, monkeypatch):
-    """The SM90 kernel converts B (M >= 4096) and A (N >= 4096) to BF16 in passes of their own when
-    its plan is tile 256 (unsplit; split-K: A only), and loads them; JAX_GEMM_AMAX_PRECONVERT=0
-    (read at lowering) keeps both conversions inside the GEMM. The same BF16 values meet the same
+    """The SM90 kernel converts B (M >= 4096, or 3072 when K >= 2048) and A (N >= 4096, or 2048 when
+    K >= 2048) to BF16 in passes of their own when its plan is tile 256 (unsplit; split-K: A only),
+    and loads them; JAX_GEMM_AMAX_PRECONVERT=0 (read at lowering) keeps both conversions inside the GEMM. The same BF16 values meet the same
     WGMMAs either way (A from shared memory instead of registers), and split-K partials are added
     in the same order: f32 C must agree bit for bit (K tail, partial tiles, M not a multiple of 8),
     and with the float64 product. The shapes are ones whose plan is tile 256 on a 132-SM H200,
@@ -270,7 +271,8 @@ def test_preconverted_operands_match_in_kernel_conversion(fmt, m, n, k, split, m
     problem = (1, m, n, k, f.value_dtype, f.scale_dtype, sfv)
     plan = _ffi.sm90_plan(*problem, _cuda_workspace_bytes(*problem))
     got = {"preconvert_a": plan["preconvert_a"], "preconvert_b": plan["preconvert_b"], "split-K": plan["splits"] > 1}
-    want = {"preconvert_a": n >= 4096, "preconvert_b": m >= 4096, "split-K": split}
+    long_k = k >= 2048
+    want = {"preconvert_a": n >= (2048 if long_k else 4096), "preconvert_b": m >= (3072 if long_k else 4096), "split-K": split}
     if got != want:
         pytest.skip(f"this GPU's plan at {m}x{n}x{k} is {plan}, not the one this case is for: {want}")
     kx, kw = jax.random.split(jax.random.key(11))

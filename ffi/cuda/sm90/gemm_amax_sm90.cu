@@ -215,11 +215,17 @@ size_t SplitWorkspaceBytes(const GemmAmaxProblem& p) {
   const long long counters = CeilDiv(CeilDiv(p.m, 128) * CeilDiv(p.n, 128) * p.batch * 4, 256) * 256;
   return static_cast<size_t>(counters + std::min(slots * elems, kSplitMaxElems) * 4);
 }
+// Rows of the other operand from which a pass over this one pays (see kPreconvertBMinM).
+bool ManyRows(const GemmAmaxProblem& p, long long rows, long long min_rows, long long min_rows_long_k) {
+  return rows >= min_rows || (rows >= min_rows_long_k && p.k >= kPreconvertLongK);
+}
 bool OfferB(const GemmAmaxProblem& p) {
-  return p.m >= kPreconvertBMinM && PreconvertedBBytes(p) <= static_cast<size_t>(kPreconvertMaxBytes);
+  return ManyRows(p, p.m, kPreconvertBMinM, kPreconvertBMinMLongK) &&
+         PreconvertedBBytes(p) <= static_cast<size_t>(kPreconvertMaxBytes);
 }
 bool OfferA(const GemmAmaxProblem& p) {
-  return p.n >= kPreconvertAMinN && PreconvertedABytes(p) <= static_cast<size_t>(kPreconvertMaxBytes);
+  return ManyRows(p, p.n, kPreconvertAMinN, kPreconvertAMinNLongK) &&
+         PreconvertedABytes(p) <= static_cast<size_t>(kPreconvertMaxBytes);
 }
 }  // namespace
 

@@ -804,6 +804,53 @@ static void OneConfig(int64_t M, int64_t N, int64_t K, int tile, int flags, int 
   d.Free();
 }
 
+// Configurations of one problem timed taking turns (one sample of each per round, so that clock
+// drift under the power cap falls on all of them alike; separate `one` processes read the same
+// plan up to 10% apart). Each configuration is TILE:SPLITS:PRE (0 / 0 / -1: the heuristic's).
+static void Turns(int64_t M, int64_t N, int64_t K, int iters, const std::vector<std::string>& cfgs) {
+  DevBufs d;
+  const GemmAmaxProblem p = RandomE4M3Problem(M, N, K, d);
+  std::vector<sm90::LaunchOptions> opts;
+  for (const std::string& c : cfgs) {
+    int tile = 0, splits = 0, pre = -1;
+    if (sscanf(c.c_str(), "%d:%d:%d", &tile, &splits, &pre) < 1) {
+      fprintf(stderr, "bad configuration '%s' (want TILE:SPLITS:PRE)\n", c.c_str());
+      exit(2);
+    }
+    sm90::LaunchOptions o;
+    o.force_tile_m = tile;
+    o.force_splits = splits;
+    SetPre(o, pre);
+    opts.push_back(o);
+  }
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
+  auto sample_ms = [&](const sm90::LaunchOptions& o) {
+    CK(cudaEventRecord(e0));
+    for (int r = 0; r < kBackToBack; ++r) CK(LaunchH(p, Bufs(d), o));
+    CK(cudaEventRecord(e1));
+    CK(cudaEventSynchronize(e1));
+    float ms;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    return ms / kBackToBack;
+  };
+  for (float warm = 0; warm < 50.0f;)
+    for (const auto& o : opts) warm += sample_ms(o);
+  std::vector<std::vector<float>> ts(opts.size());
+  for (int i = 0; i < iters; ++i)
+    for (size_t c = 0; c < opts.size(); ++c) ts[c].push_back(sample_ms(opts[c]));
+  CK(cudaEventDestroy(e0)); CK(cudaEventDestroy(e1));
+  printf("turns %lldx%lldx%lld:", (long long)M, (long long)N, (long long)K);
+  for (size_t c = 0; c < opts.size(); ++c) {
+    const sm90::PlanInfo plan = PlanH(p, opts[c]);
+    printf("  %s=%.1f (%d/%d/%d%s%s)", cfgs[c].c_str(), 2.0 * M * N * K / (Median(ts[c]) * 1e-3) / 1e12, plan.tile_m,
+           plan.splits, plan.whole_tiles, plan.preconvert_a || plan.preconvert_b ? "+" : "",
+           PreName(plan.preconvert_a, plan.preconvert_b));
+  }
+  printf("\n");
+  d.Free();
+}
+
 // Host time of the pieces of one launch (no device work is timed): where the ~10 us per call go.
 static __global__ void EmptyKernel(int) {}
 static void HostCost(int64_t M, int64_t N, int64_t K) {
@@ -889,10 +936,15 @@ int main(int argc, char** argv) {
               argc > 8 ? atoi(argv[8]) : -1);
     return 0;
   }
+  if (mode == "turns") {  // turns M N K iters TILE:SPLITS:PRE...: configurations taking turns
+    if (argc < 7) return 2;
+    Turns(atoll(argv[2]), atoll(argv[3]), atoll(argv[4]), atoi(argv[5]), std::vector<std::string>(argv + 6, argv + argc));
+    return 0;
+  }
   if (mode == "bench") {
     Bench(argc > 2 ? atoi(argv[2]) : 30, ParseShapes(argc > 3 ? argv[3] : nullptr));
     return 0;
   }
-  fprintf(stderr, "usage: %s [test|small|bench [iters [MxNxK[xL],...]]|one M N K tile flags iters [pre: -1 auto, bits 1 B, 2 A]|hostcost M N K|exp]\n", argv[0]);
+  fprintf(stderr, "usage: %s [test|small|bench [iters [MxNxK[xL],...]]|one M N K tile flags iters [pre: -1 auto, bits 1 B, 2 A]|turns M N K iters TILE:SPLITS:PRE...|hostcost M N K|exp]\n", argv[0]);
   return 2;
 }

@@ -67,6 +67,26 @@ def test_workspace_counts_every_batch_item():
     assert _cuda_workspace_bytes(2, 4096, 4096, 4096, E4M3, E8M0, 32) == 2 * 2 * 4096 * 4096 * 2
 
 
+@pytest.mark.parametrize("m,n,k,copy_a,copy_b", [
+    (3072, 2048, 8192, True, True),     # long K: A' from N = 2048, B' from M = 3072
+    (3071, 2047, 8192, False, False),   # just below both
+    (3072, 2048, 1920, False, False),   # K < 2048: the 4096 thresholds
+    (8192, 1024, 16384, False, True),   # B' alone
+    (1024, 2048, 8192, True, False),    # A' alone
+])
+def test_workspace_offers_copies_by_the_size_rule(monkeypatch, m, n, k, copy_a, copy_b):
+    # The kernel library's rule for the operands it may convert once per call (session 16 refit),
+    # seen through the workspace it asks for: the split-K area (what it asks with copies withheld)
+    # followed by A', or B' and A', whichever is larger; e4m3 copies hold 2 bytes per element, A's
+    # rows padded to 8. The shapes make each offered copy change the size.
+    monkeypatch.setenv("JAX_GEMM_AMAX_PRECONVERT", "0")
+    split = _cuda_workspace_bytes(1, m, n, k, E4M3, E8M0, 32)
+    monkeypatch.setenv("JAX_GEMM_AMAX_PRECONVERT", "1")
+    a = -(-m // 8) * 8 * k * 2 if copy_a else 0
+    b = n * k * 2 if copy_b else 0
+    assert _cuda_workspace_bytes(1, m, n, k, E4M3, E8M0, 32) == max(split + a, a + b)
+
+
 @pytest.mark.parametrize("scale_dtype", [jnp.uint8, jnp.int8])
 def test_byte_scales_lower_like_e8m0(scale_dtype):
     # int8/uint8 scales are read as e8m0: the same custom call, the same workspace.

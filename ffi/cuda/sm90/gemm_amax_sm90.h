@@ -37,8 +37,8 @@ constexpr long long kSplitMaxElems = 1ll << 22;  // fp32 elements of partial til
 // workspace (after the split-K area of a split plan; B' first, then A'; 2 bytes per element, K
 // padded to a slab, A's rows to 8), each offered when it is at most kPreconvertMaxBytes.
 // Session 16 (RESULTS.md), configurations taking turns in one process against the 4096 / 4096
-// rule: at K >= 2048, A' from N = 2048 and B' from M = 3072 gain 4-14% at 13 of 16 shapes and lose
-// at most 1%; at K = 1024 they lose 3-5% (2048x2048x1024 A', 3072x2048x1024 B').
+// rule: at K >= 2048, A' from N = 2048 and B' from M = 3072 gain 4.6-14% at 10 of 14 shapes and
+// lose at most 1.1%; at K = 1024 they lose 3-5% (2048x2048x1024 A', 3072x2048x1024 B').
 constexpr long long kPreconvertBMinM = 4096;
 constexpr long long kPreconvertAMinN = 4096;
 constexpr long long kPreconvertLongK = 2048;

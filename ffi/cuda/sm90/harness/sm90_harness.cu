@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <thread>
@@ -586,25 +587,35 @@ static GemmAmaxProblem RandomE4M3Problem(int64_t M, int64_t N, int64_t K, DevBuf
 // (With 3 warm-up launches, the first configuration timed per shape read up to ~10% below the
 // later ones in session 6, for every build; the time-based warm-up has not run on a GPU yet.)
 constexpr int kBackToBack = 8;
-template <class Launch>
-static double MedianMs(Launch launch, int iters) {
+// Median time per launch of each of `launches`, timed taking turns: every round takes one sample
+// (kBackToBack launches between two events) of each, so that clock drift under the power cap falls
+// on all of them alike (separate processes read one configuration up to 10% apart, session 16).
+static std::vector<double> MedianMsTakingTurns(const std::vector<std::function<void()>>& launches, int iters) {
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
-  auto sample_ms = [&] {  // kBackToBack launches between two events
+  auto sample_ms = [&](const std::function<void()>& launch) {
     CK(cudaEventRecord(e0));
     for (int r = 0; r < kBackToBack; ++r) launch();
     CK(cudaEventRecord(e1));
     CK(cudaEventSynchronize(e1));
     float ms;
     CK(cudaEventElapsedTime(&ms, e0, e1));
-    return ms;
+    return ms / kBackToBack;
   };
   float warm_ms = 0;
-  for (int n = 0; n < 1000 && warm_ms < 50.0f; ++n) warm_ms += sample_ms();
-  std::vector<float> ts;
-  for (int i = 0; i < iters; ++i) ts.push_back(sample_ms() / kBackToBack);
+  for (int n = 0; n < 1000 && warm_ms < 50.0f; ++n)
+    for (const auto& launch : launches) warm_ms += sample_ms(launch) * kBackToBack;
+  std::vector<std::vector<float>> ts(launches.size());
+  for (int i = 0; i < iters; ++i)
+    for (size_t c = 0; c < launches.size(); ++c) ts[c].push_back(sample_ms(launches[c]));
   CK(cudaEventDestroy(e0)); CK(cudaEventDestroy(e1));
-  return Median(ts);
+  std::vector<double> medians;
+  for (const auto& t : ts) medians.push_back(Median(t));
+  return medians;
+}
+template <class Launch>
+static double MedianMs(Launch launch, int iters) {
+  return MedianMsTakingTurns({std::function<void()>(launch)}, iters)[0];
 }
 
 static double MedianLaunchMs(const GemmAmaxProblem& p, const DevBufs& d, const sm90::LaunchOptions& o, int iters) {
@@ -804,9 +815,8 @@ static void OneConfig(int64_t M, int64_t N, int64_t K, int tile, int flags, int 
   d.Free();
 }
 
-// Configurations of one problem timed taking turns (one sample of each per round, so that clock
-// drift under the power cap falls on all of them alike; separate `one` processes read the same
-// plan up to 10% apart). Each configuration is TILE:SPLITS:PRE (0 / 0 / -1: the heuristic's).
+// Configurations of one problem timed taking turns (MedianMsTakingTurns): the way to compare plans.
+// Each configuration is TILE:SPLITS:PRE (0 / 0 / -1: the heuristic's).
 static void Turns(int64_t M, int64_t N, int64_t K, int iters, const std::vector<std::string>& cfgs) {
   DevBufs d;
   const GemmAmaxProblem p = RandomE4M3Problem(M, N, K, d);
@@ -823,27 +833,13 @@ static void Turns(int64_t M, int64_t N, int64_t K, int iters, const std::vector<
     SetPre(o, pre);
     opts.push_back(o);
   }
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
-  auto sample_ms = [&](const sm90::LaunchOptions& o) {
-    CK(cudaEventRecord(e0));
-    for (int r = 0; r < kBackToBack; ++r) CK(LaunchH(p, Bufs(d), o));
-    CK(cudaEventRecord(e1));
-    CK(cudaEventSynchronize(e1));
-    float ms;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    return ms / kBackToBack;
-  };
-  for (float warm = 0; warm < 50.0f;)
-    for (const auto& o : opts) warm += sample_ms(o);
-  std::vector<std::vector<float>> ts(opts.size());
-  for (int i = 0; i < iters; ++i)
-    for (size_t c = 0; c < opts.size(); ++c) ts[c].push_back(sample_ms(opts[c]));
-  CK(cudaEventDestroy(e0)); CK(cudaEventDestroy(e1));
+  std::vector<std::function<void()>> launches;
+  for (const auto& o : opts) launches.push_back([&p, &d, o] { CK(LaunchH(p, Bufs(d), o)); });
+  const std::vector<double> ms = MedianMsTakingTurns(launches, iters);
   printf("turns %lldx%lldx%lld:", (long long)M, (long long)N, (long long)K);
   for (size_t c = 0; c < opts.size(); ++c) {
     const sm90::PlanInfo plan = PlanH(p, opts[c]);
-    printf("  %s=%.1f (%d/%d/%d%s%s)", cfgs[c].c_str(), 2.0 * M * N * K / (Median(ts[c]) * 1e-3) / 1e12, plan.tile_m,
+    printf("  %s=%.1f (%d/%d/%d%s%s)", cfgs[c].c_str(), 2.0 * M * N * K / (ms[c] * 1e-3) / 1e12, plan.tile_m,
            plan.splits, plan.whole_tiles, plan.preconvert_a || plan.preconvert_b ? "+" : "",
            PreName(plan.preconvert_a, plan.preconvert_b));
   }

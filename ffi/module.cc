@@ -66,17 +66,17 @@ NB_MODULE(_jax_gemm_amax, m) {
 #if JGA_WITH_CUDA
   // The SM90 kernel's host-side rules: the workspace a call is offered (the JAX lowering sizes the
   // custom call's workspace result with it; host arithmetic, no GPU needed) and, for tests, the plan
-  // the current device picks with a given workspace. Types as in common/problem.h (OperandType,
-  // ScaleType).
+  // the current device picks with a given workspace (sms > 0: a GPU with that many SMs, no device
+  // needed). Types as in common/problem.h (OperandType, ScaleType).
   m.def("sm90_workspace_bytes", [](int64_t batch, int64_t m, int64_t n, int64_t k, int32_t ab_type, int32_t sf_type,
                                    int32_t sf_vec_size, bool offer_copies) {
     return jga::sm90::WorkspaceBytes(Sm90Problem(batch, m, n, k, ab_type, sf_type, sf_vec_size, false), offer_copies);
   });
   m.def("sm90_plan", [](int64_t batch, int64_t m, int64_t n, int64_t k, int32_t ab_type, int32_t sf_type,
-                        int32_t sf_vec_size, size_t workspace_bytes) {
+                        int32_t sf_vec_size, size_t workspace_bytes, int32_t sms) {
     jga::sm90::PlanInfo info;
     const cudaError_t err = jga::sm90::PlanFor(Sm90Problem(batch, m, n, k, ab_type, sf_type, sf_vec_size, true),
-                                               workspace_bytes, jga::sm90::LaunchOptions{}, &info);
+                                               workspace_bytes, jga::sm90::LaunchOptions{}, &info, sms);
     if (err != cudaSuccess) throw std::runtime_error(std::string("sm90_plan: ") + cudaGetErrorString(err));
     nb::dict plan;
     plan["tile_m"] = info.tile_m;

@@ -47,7 +47,8 @@ def sm90_workspace_bytes(batch, m, n, k, operand_dtype, scale_dtype, sf_vec_size
     return _ext.sm90_workspace_bytes(*_sm90_problem(batch, m, n, k, operand_dtype, scale_dtype, sf_vec_size), offer_copies)
 
 
-def sm90_plan(batch, m, n, k, operand_dtype, scale_dtype, sf_vec_size, workspace_bytes) -> dict:
+def sm90_plan(batch, m, n, k, operand_dtype, scale_dtype, sf_vec_size, workspace_bytes, sms=0) -> dict:
     """The plan the SM90 kernel picks on the current GPU (tile_m, splits, whole_tiles, preconvert_a,
-    preconvert_b), for tests and reports."""
-    return _ext.sm90_plan(*_sm90_problem(batch, m, n, k, operand_dtype, scale_dtype, sf_vec_size), workspace_bytes)
+    preconvert_b), for tests and reports; sms > 0: on a GPU with that many SMs (host arithmetic, no
+    GPU needed: e.g. 132 for an H200)."""
+    return _ext.sm90_plan(*_sm90_problem(batch, m, n, k, operand_dtype, scale_dtype, sf_vec_size), workspace_bytes, sms)

@@ -91,3 +91,28 @@ def test_workspace_offers_copies_by_the_size_rule(monkeypatch, m, n, k, copy_a, 
 def test_byte_scales_lower_like_e8m0(scale_dtype):
     # int8/uint8 scales are read as e8m0: the same custom call, the same workspace.
     assert _custom_call_results(4096, 4096, 4096, scale_dtype=scale_dtype) == _custom_call_results(4096, 4096, 4096)
+
+
+@pytest.mark.parametrize("m,n,k,plan", [
+    # issue #3's six benchmark shapes
+    (8192, 8192, 8192, "256/1/0+AB"),
+    (4096, 4096, 4096, "256/1/0+AB"),
+    (16384, 8192, 1024, "256/1/0+AB"),
+    (2048, 28672, 8192, "256/1/0+A"),
+    (256, 8192, 8192, "256/2/0+A"),
+    (1024, 1024, 1024, "128/2/0"),
+    # session 16's pre-conversion rule: long K lowers the thresholds, short K keeps 4096
+    (3584, 3584, 4096, "256/1/0+AB"),
+    (3072, 3072, 4096, "256/3/264+A"),
+    (1024, 3072, 4096, "256/1/0+A"),
+    (3072, 1024, 4096, "256/1/0+B"),
+    (2048, 2048, 1024, "256/1/0"),
+    (3072, 2048, 1024, "256/2/132"),
+])
+def test_h200_plans(m, n, k, plan):
+    # The SM90 planner's pick on a 132-SM H200 with the workspace the lowering asks for (host
+    # arithmetic): the plans the benchmarks measured, so that a planner change shows up here first.
+    info = _ffi.sm90_plan(1, m, n, k, E4M3, E8M0, 32, _cuda_workspace_bytes(1, m, n, k, E4M3, E8M0, 32), sms=132)
+    pre = ("A" if info["preconvert_a"] else "") + ("B" if info["preconvert_b"] else "")
+    got = f"{info['tile_m']}/{info['splits']}/{info['whole_tiles']}" + (f"+{pre}" if pre else "")
+    assert got == plan

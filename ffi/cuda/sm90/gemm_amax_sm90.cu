@@ -417,18 +417,22 @@ bool Prepared() {
   return cudaGetDevice(&dev) == cudaSuccess && dev < kMaxDevices && g_prepared[dev].load(std::memory_order_acquire);
 }
 
-cudaError_t PlanFor(const GemmAmaxProblem& p, size_t workspace_bytes, const LaunchOptions& opt, PlanInfo* info) {
-  int dev = 0;
-  const cudaError_t err = cudaGetDevice(&dev);
-  if (err != cudaSuccess) return err;
+cudaError_t PlanFor(const GemmAmaxProblem& p, size_t workspace_bytes, const LaunchOptions& opt, PlanInfo* info,
+                    int sms) {
+  int dev = -1;
+  if (sms <= 0) {
+    const cudaError_t err = cudaGetDevice(&dev);
+    if (err != cudaSuccess) return err;
+    sms = SmCount(dev);
+  }
   int pre = 0;
-  const Plan plan = PlanOf(p, SmCount(dev), opt, workspace_bytes, &pre);
+  const Plan plan = PlanOf(p, sms, opt, workspace_bytes, &pre);
   info->preconvert_a = (pre & kPreA) != 0;
   info->preconvert_b = (pre & kPreB) != 0;
   info->tile_m = 128 * plan.mi;
   info->splits = plan.splits;
   info->whole_tiles = plan.whole_tiles;
-  info->clusters = dev < kMaxDevices ? MaxActiveClusters(dev, VariantOf(p), plan.mi, KernelKind(plan.splits > 1, pre)) : 0;
+  info->clusters = dev >= 0 && dev < kMaxDevices ? MaxActiveClusters(dev, VariantOf(p), plan.mi, KernelKind(plan.splits > 1, pre)) : 0;
   return cudaSuccess;
 }
 

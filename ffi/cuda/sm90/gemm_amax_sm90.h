@@ -84,7 +84,10 @@ struct PlanInfo {
   bool preconvert_a = false, preconvert_b = false;
   int clusters = 0;  // co-resident clusters of the plan's kernel (the persistent grid's cap); 0 until a launch has prepared this device
 };
-cudaError_t PlanFor(const GemmAmaxProblem& p, size_t workspace_bytes, const LaunchOptions& opt, PlanInfo* info);
+// The plan a launch would take on the current device, or, with sms > 0, on a GPU with that many SMs
+// (host arithmetic, no device needed; clusters stays 0).
+cudaError_t PlanFor(const GemmAmaxProblem& p, size_t workspace_bytes, const LaunchOptions& opt, PlanInfo* info,
+                    int sms = 0);
 
 }  // namespace sm90
 }  // namespace jga

@@ -252,29 +252,47 @@ def test_every_element_of_a_long_run(fmt, m, n, k):
         np.testing.assert_allclose(float(amax), float(ref_amax), rtol=1e-5)
 
 
+# Shapes whose plan on a 132-SM H200 pre-converts `pre` ("A", "B", "AB") with split-K or not, in
+# every format (test_preconversion_cases_get_their_plan checks that on any machine).
+PRECONVERT_CASES = [(4100, 2200, 352, "B", False), (1996, 4100, 352, "A", False), (4100, 4100, 352, "AB", False),
+                    (3100, 2200, 2080, "AB", False), (250, 6000, 8192, "A", True)]
+PRECONVERT_IDS = ["B", "A", "AB", "AB-long-K", "A-split-K"]
+
+
+def _sm90_plan_kind(fmt, m, n, k, sms=0):
+    f = jga.FORMATS[fmt]
+    problem = (1, m, n, k, f.value_dtype, f.scale_dtype, f.sf_vec_size)
+    plan = _ffi.sm90_plan(*problem, _cuda_workspace_bytes(*problem), sms=sms)
+    pre = ("A" if plan["preconvert_a"] else "") + ("B" if plan["preconvert_b"] else "")
+    return plan, (pre, plan["splits"] > 1)
+
+
+@pytest.mark.skipif(not _ffi.BUILT_WITH_CUDA, reason="built without the CUDA backend")
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp4", "nvfp4"])
+@pytest.mark.parametrize("m,n,k,pre,split", PRECONVERT_CASES, ids=PRECONVERT_IDS)
+def test_preconversion_cases_get_their_plan(fmt, m, n, k, pre, split):
+    """The GPU test below skips a case whose plan differs on the GPU it runs on; on an H200 (132 SMs,
+    host arithmetic) none may, or it would check nothing there."""
+    plan, kind = _sm90_plan_kind(fmt, m, n, k, sms=132)
+    assert kind == (pre, split), plan
+
+
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="the SM90 kernel's two ways of converting operands")
 @pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp4", "nvfp4"])
-@pytest.mark.parametrize("m,n,k,split", [(4100, 2200, 352, False), (1996, 4100, 352, False), (4100, 4100, 352, False),
-                                         (3100, 2200, 2080, False), (250, 6000, 8192, True)],
-                         ids=["B", "A", "AB", "AB-long-K", "A-split-K"])
-def test_preconverted_operands_match_in_kernel_conversion(fmt, m, n, k, split, monkeypatch):
-    """The SM90 kernel converts B (M >= 4096, or 3072 when K >= 2048) and A (N >= 4096, or 2048 when
-    K >= 2048) to BF16 in passes of their own when its plan is tile 256 (unsplit; split-K: A only),
-    and loads them; JAX_GEMM_AMAX_PRECONVERT=0 (read at lowering) keeps both conversions inside the GEMM. The same BF16 values meet the same
-    WGMMAs either way (A from shared memory instead of registers), and split-K partials are added
-    in the same order: f32 C must agree bit for bit (K tail, partial tiles, M not a multiple of 8),
-    and with the float64 product. The shapes are ones whose plan is tile 256 on a 132-SM H200,
-    unsplit or (250x6000x8192: 47 tiles) split-K; the kernel library's own plan query says whether
-    that holds on this GPU."""
-    f = jga.FORMATS[fmt]
-    sfv = f.sf_vec_size
-    problem = (1, m, n, k, f.value_dtype, f.scale_dtype, sfv)
-    plan = _ffi.sm90_plan(*problem, _cuda_workspace_bytes(*problem))
-    got = {"preconvert_a": plan["preconvert_a"], "preconvert_b": plan["preconvert_b"], "split-K": plan["splits"] > 1}
-    long_k = k >= 2048
-    want = {"preconvert_a": n >= (2048 if long_k else 4096), "preconvert_b": m >= (3072 if long_k else 4096), "split-K": split}
-    if got != want:
-        pytest.skip(f"this GPU's plan at {m}x{n}x{k} is {plan}, not the one this case is for: {want}")
+@pytest.mark.parametrize("m,n,k,pre,split", PRECONVERT_CASES, ids=PRECONVERT_IDS)
+def test_preconverted_operands_match_in_kernel_conversion(fmt, m, n, k, pre, split, monkeypatch):
+    """The SM90 kernel converts B (many rows) and A (many columns) to BF16 in passes of their own when
+    its plan is tile 256 (unsplit; split-K: A only), and loads them; JAX_GEMM_AMAX_PRECONVERT=0 (read
+    at lowering) keeps both conversions inside the GEMM. The same BF16 values meet the same WGMMAs
+    either way (A from shared memory instead of registers), and split-K partials are added in the
+    same order: f32 C must agree bit for bit (K tail, partial tiles, M not a multiple of 8), and with
+    the float64 product. The cases are ones whose plan pre-converts `pre` on a 132-SM H200
+    (250x6000x8192: 47 tiles, split-K); the kernel library's own plan query says whether that holds
+    on this GPU."""
+    sfv = jga.FORMATS[fmt].sf_vec_size
+    plan, kind = _sm90_plan_kind(fmt, m, n, k)
+    if kind != (pre, split):
+        pytest.skip(f"this GPU's plan at {m}x{n}x{k} is {plan}, not the one this case is for: {pre}, split-K {split}")
     kx, kw = jax.random.split(jax.random.key(11))
     qa, sfa = jga.quantize(jax.random.normal(kx, (m, k), jnp.float32), fmt)
     qb, sfb = jga.quantize(jax.random.normal(kw, (n, k), jnp.float32), fmt)

@@ -33,7 +33,8 @@ constexpr long long kSplitMaxElems = 1ll << 22;  // fp32 elements of partial til
 // rows (the pass costs ~ N x K, the GEMM saves ~ M x N x K; unsplit plans only), A when there are
 // many columns (split-K plans too). Many: M >= kPreconvertBMinM, N >= kPreconvertAMinN, or, when
 // K >= kPreconvertLongK, from kPreconvertBMinMLongK / kPreconvertAMinNLongK on (a pass's fixed
-// cost, a launch boundary and a wave, pays only over long tiles). The BF16 copies live in the
+// cost, 3-4 us in a fit to session 16's readings and presumably a launch boundary and a wave, pays
+// only over long tiles). The BF16 copies live in the
 // workspace (after the split-K area of a split plan; B' first, then A'; 2 bytes per element, K
 // padded to a slab, A's rows to 8), each offered when it is at most kPreconvertMaxBytes.
 // Session 16 (RESULTS.md), configurations taking turns in one process against the 4096 / 4096

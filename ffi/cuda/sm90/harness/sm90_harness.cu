@@ -613,10 +613,7 @@ static std::vector<double> MedianMsTakingTurns(const std::vector<std::function<v
   for (const auto& t : ts) medians.push_back(Median(t));
   return medians;
 }
-template <class Launch>
-static double MedianMs(Launch launch, int iters) {
-  return MedianMsTakingTurns({std::function<void()>(launch)}, iters)[0];
-}
+static double MedianMs(const std::function<void()>& launch, int iters) { return MedianMsTakingTurns({launch}, iters)[0]; }
 
 static double MedianLaunchMs(const GemmAmaxProblem& p, const DevBufs& d, const sm90::LaunchOptions& o, int iters) {
   return MedianMs([&] { CK(LaunchH(p, Bufs(d), o)); }, iters);

@@ -123,14 +123,38 @@ __global__ void ResetKernel(float* amax, int n_amax, unsigned int* ready, int n_
 // benchmark's six shapes keep their plans.
 // Candidates: every tile split S ways (S = 1: no split-K), or, when the last wave of tiles is
 // partial, the whole waves unsplit and only the last wave's tiles split (session 7). Only plans
-// whose workspace fits in `available` bytes are considered. With an operand pre-converted
-// (`preconvert`: possible for this call), tile 256 unsplit costs 0.92 of itself (ncu, session 9, B:
-// the GEMM 0.86-0.89, the pass adding 0.03-0.07 at M = 4096-8192; both operands measured nearer
-// 0.85, not refit).
-constexpr double kPreconvertedCost = 0.92;
+// whose split-K workspace fits in `available` bytes are considered.
 constexpr double kSplitCostPerRowBlock = 2.0;  // per 128 rows of the tile and extra split (above)
+// Each tile-256 candidate is priced with every choice of operands it may pre-convert (PreChoices):
+// converting X once per call in passes saves kPreconvertSaving[X] of the GEMM's main loop (no
+// operand conversion left in its CTAs; the epilogues and a split plan's hand-over of partial tiles
+// stay as they are), and the passes cost their bytes (codes read, BF16 written) at
+// kPassBytesPerUnit plus a fixed cost, kFirstPassUnits for the first (a launch boundary and a wave)
+// and kSecondPassUnits for the second (its start overlaps the first: PDL). One cost unit is ~1 us
+// at tile 256 (0.92-1.04 us at 3072x3072x1024, 4096^3, 8192^3 without pre-conversion).
+// Fitted (least squares on relative error, session 17) to 102 readings of plans taking turns in one
+// process on an H200: session 16's 17 shapes at tile 256 unsplit with each of the four choices,
+// and 17 pairs (two choices) of sessions 16 and 17, 8 of them split plans with and without A'.
+// RMS error 1.3%; of those 34 choices the model makes the measured best at 30, the other 4 within
+// 0.1-1.8% of it.
+// A saving priced on the whole GEMM time fits as well unsplit (session 16's first model) but took
+// A' for split plans at K = 1024 where it loses (2048x3072x1024 -1.8%, 640x8192x1024 -7% as tile
+// 256 + A' over tile 128): there a split tile's hand-over is a third of its time. Indexed by
+// kPreB | kPreA.
+constexpr double kPreconvertSaving[4] = {0.0, 0.163, 0.204, 0.288};
+constexpr double kPassBytesPerUnit = 3.45e6;
+constexpr double kFirstPassUnits = 3.1, kSecondPassUnits = 0.34;
 // 64-K MMA units per 128-byte slab of codes (128 fp8 or 256 fp4 elements).
 long long UnitsPerSlab(const GemmAmaxProblem& p) { return p.ab_type == OperandType::kE2M1x2 ? 4 : 2; }
+
+double PassUnits(const GemmAmaxProblem& p, int pre) {
+  if (pre == 0) return 0.0;
+  const double row_bytes = static_cast<double>(p.operand_row_bytes()) * p.batch;
+  double bytes = 0;
+  if (pre & kPreB) bytes += row_bytes * p.n + PreconvertedBBytes(p);
+  if (pre & kPreA) bytes += row_bytes * p.m + PreconvertedABytes(p);
+  return bytes / kPassBytesPerUnit + kFirstPassUnits + (pre == (kPreA | kPreB) ? kSecondPassUnits : 0.0);
+}
 
 struct Plan {
   int mi = 2;
@@ -138,9 +162,21 @@ struct Plan {
   int whole_tiles = 0;     // tiles run unsplit before the split ones (a tail split)
   size_t ready_bytes = 0;  // split-K counters, at the start of the workspace; partials follow
   size_t split_bytes = 0;  // counters + partials (a multiple of 256); BF16 copies follow them
+  int pre = 0;             // operands converted in passes (kPreA | kPreB)
 };
 
-Plan MakePlan(const GemmAmaxProblem& p, int sms, const LaunchOptions& opt, size_t available, bool preconvert) {
+// What a plan may pre-convert: tile 256 unsplit, any part of `unsplit` (the operands wanted whose
+// copies fit the workspace together); tile 256 split, A alone if wanted and its copy fits after the
+// split-K area (each CTA reads only its own K range of B once, so B's pass would not pay, but
+// every n-tile converts the same A rows). Operands the options force (`required`) are always taken.
+struct PreChoices {
+  int unsplit = 0;            // kPreA | kPreB
+  bool split_a = false;       // A wanted for split plans
+  int required = 0;           // forced by the options
+  size_t workspace_bytes = 0;
+};
+
+Plan MakePlan(const GemmAmaxProblem& p, int sms, const LaunchOptions& opt, size_t available, const PreChoices& pc) {
   const long long tn = CeilDiv(CeilDiv(p.n, 128), kCluster) * kCluster;
   const long long nslabs = CeilDiv(p.operand_row_bytes(), 128);
   const long long units_per_slab = UnitsPerSlab(p);
@@ -150,9 +186,13 @@ Plan MakePlan(const GemmAmaxProblem& p, int sms, const LaunchOptions& opt, size_
     if ((opt.force_tile_m == 128 && mi != 1) || (opt.force_tile_m == 256 && mi != 2)) continue;
     const long long tiles = CeilDiv(p.m, 128 * mi) * tn * p.batch;
     const double rate = mi == 2 ? 1.0 : 0.60, epilogue = mi == 2 ? 2.4 : 1.6;
+    // A wave: its main loop (the units: what pre-converted operands speed up), its epilogue, and
+    // with split-K the hand-over of partial tiles.
+    auto wave_units = [&](int splits) {
+      return static_cast<double>(CeilDiv(nslabs, splits) * units_per_slab) * rate;
+    };
     auto wave_cost = [&](int splits) {
-      const double kunits = static_cast<double>(CeilDiv(nslabs, splits) * units_per_slab);
-      return kunits * rate + epilogue + (splits > 1 ? kSplitCostPerRowBlock * mi * (splits - 1) + 0.6 : 0.0);
+      return wave_units(splits) + epilogue + (splits > 1 ? kSplitCostPerRowBlock * mi * (splits - 1) + 0.6 : 0.0);
     };
     // Split-K partial slots are per cluster tile: with 2-CTA clusters (an experiment) they would clash.
     const long long max_splits = kCluster == 1 ? std::min<long long>(kMaxSplits, nslabs) : 1;
@@ -172,9 +212,25 @@ Plan MakePlan(const GemmAmaxProblem& p, int sms, const LaunchOptions& opt, size_
         const size_t ready_bytes = static_cast<size_t>(CeilDiv(split_tiles * 4, 256) * 256);
         const size_t need = static_cast<size_t>(splits - 1) * split_tiles * (128 * mi) * 128 * sizeof(float) + ready_bytes;
         if (splits > 1 && need > available) continue;
-        const double cost = static_cast<double>(CeilDiv(whole, sms)) * wave_cost(1) +
-                            static_cast<double>(CeilDiv(split_tiles * splits, sms)) * wave_cost(splits) *
-                                (preconvert && mi == 2 && splits == 1 ? kPreconvertedCost : 1.0);
+        const double whole_waves = static_cast<double>(CeilDiv(whole, sms));
+        const double split_waves = static_cast<double>(CeilDiv(split_tiles * splits, sms));
+        const double gemm = whole_waves * wave_cost(1) + split_waves * wave_cost(splits);
+        const double main_loop = whole_waves * wave_units(1) + split_waves * wave_units(splits);
+        // This candidate's cheapest choice of operands to pre-convert (the model's own error, 1.3%,
+        // is below the 2% by which one candidate must beat another).
+        int allowed = 0;
+        if (mi == 2 && splits == 1) {
+          allowed = pc.unsplit;
+        } else if (mi == 2 && pc.split_a && pc.workspace_bytes >= need + PreconvertedABytes(p)) {
+          allowed = kPreA;
+        }
+        int pre = -1;
+        double cost = 0;
+        for (int x = 0; x <= 3; ++x) {
+          if ((x & ~allowed) != 0 || (pc.required & allowed & ~x) != 0) continue;
+          const double c = gemm - main_loop * kPreconvertSaving[x] + PassUnits(p, x);
+          if (pre < 0 || c < cost) { pre = x; cost = c; }
+        }
         if (best_cost < 0 || cost < best_cost * 0.98) {
           best_cost = cost;
           best.mi = mi;
@@ -182,6 +238,7 @@ Plan MakePlan(const GemmAmaxProblem& p, int sms, const LaunchOptions& opt, size_
           best.whole_tiles = static_cast<int>(whole);
           best.ready_bytes = splits > 1 ? ready_bytes : 0;
           best.split_bytes = splits > 1 ? need : 0;
+          best.pre = pre;
         }
       }
     }
@@ -215,17 +272,11 @@ size_t SplitWorkspaceBytes(const GemmAmaxProblem& p) {
   const long long counters = CeilDiv(CeilDiv(p.m, 128) * CeilDiv(p.n, 128) * p.batch * 4, 256) * 256;
   return static_cast<size_t>(counters + std::min(slots * elems, kSplitMaxElems) * 4);
 }
-// Rows of the other operand from which a pass over this one pays (see kPreconvertBMinM).
-bool ManyRows(const GemmAmaxProblem& p, long long rows, long long min_rows, long long min_rows_long_k) {
-  return rows >= min_rows || (rows >= min_rows_long_k && p.k >= kPreconvertLongK);
-}
 bool OfferB(const GemmAmaxProblem& p) {
-  return ManyRows(p, p.m, kPreconvertBMinM, kPreconvertBMinMLongK) &&
-         PreconvertedBBytes(p) <= static_cast<size_t>(kPreconvertMaxBytes);
+  return p.m >= kPreconvertBMinM && PreconvertedBBytes(p) <= static_cast<size_t>(kPreconvertMaxBytes);
 }
 bool OfferA(const GemmAmaxProblem& p) {
-  return ManyRows(p, p.n, kPreconvertAMinN, kPreconvertAMinNLongK) &&
-         PreconvertedABytes(p) <= static_cast<size_t>(kPreconvertMaxBytes);
+  return p.n >= kPreconvertAMinN && PreconvertedABytes(p) <= static_cast<size_t>(kPreconvertMaxBytes);
 }
 }  // namespace
 
@@ -250,9 +301,8 @@ bool WantA(const GemmAmaxProblem& p, const LaunchOptions& opt) {
 bool WantB(const GemmAmaxProblem& p, const LaunchOptions& opt) {
   return (opt.preconvert_b == 1 || (opt.preconvert_b < 0 && OfferB(p))) && CopyFits(PreconvertedBBytes(p));
 }
-// Which operands an unsplit plan may pre-convert (kPreA | kPreB; the plan decides whether it does:
-// tile 256 only): those wanted, if the workspace holds them (B' at its start, A' after it); A is
-// given up first.
+// Which operands an unsplit plan may pre-convert (kPreA | kPreB): those wanted, if the workspace
+// holds them (B' at its start, A' after it); A is given up first.
 int PreconvertPossible(const GemmAmaxProblem& p, size_t workspace_bytes, const LaunchOptions& opt) {
   const bool want_b = WantB(p, opt), want_a = WantA(p, opt);
   const size_t b = want_b ? PreconvertedBBytes(p) : 0, a = want_a ? PreconvertedABytes(p) : 0;
@@ -260,18 +310,14 @@ int PreconvertPossible(const GemmAmaxProblem& p, size_t workspace_bytes, const L
   if (want_b && workspace_bytes >= b) return kPreB;
   return 0;
 }
-// Tile 256 unsplit: whatever is possible. Tile 256 split (few rows): A alone, after the split-K
-// workspace; each CTA reads only its own K range of B once, so B's pass would not pay, but every
-// n-tile converts the same A rows. The cost model prices only the unsplit case.
 Plan PlanOf(const GemmAmaxProblem& p, int sms, const LaunchOptions& opt, size_t workspace_bytes, int* pre) {
-  const int possible = PreconvertPossible(p, workspace_bytes, opt);
-  const Plan plan = MakePlan(p, sms, opt, std::min(workspace_bytes, SplitWorkspaceBytes(p)), possible != 0);
-  *pre = 0;
-  if (plan.mi == 2 && plan.splits == 1) {
-    *pre = possible;
-  } else if (plan.mi == 2 && WantA(p, opt) && workspace_bytes >= plan.split_bytes + PreconvertedABytes(p)) {
-    *pre = kPreA;
-  }
+  PreChoices pc;
+  pc.unsplit = PreconvertPossible(p, workspace_bytes, opt);
+  pc.split_a = WantA(p, opt);
+  pc.required = (opt.preconvert_a == 1 ? kPreA : 0) | (opt.preconvert_b == 1 ? kPreB : 0);
+  pc.workspace_bytes = workspace_bytes;
+  const Plan plan = MakePlan(p, sms, opt, std::min(workspace_bytes, SplitWorkspaceBytes(p)), pc);
+  *pre = plan.pre;
   return plan;
 }
 

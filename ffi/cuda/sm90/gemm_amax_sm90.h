@@ -29,22 +29,14 @@ bool Prepared();
 constexpr int kMaxSplits = 4;
 constexpr long long kSplitMaxElems = 1ll << 22;  // fp32 elements of partial tiles, at most
 // Tile-256 plans may convert an operand to BF16 once per call in a pass of its own
-// (PreconvertKernel, memory-bound) instead of once per tile inside the GEMM: B when there are many
-// rows (the pass costs ~ N x K, the GEMM saves ~ M x N x K; unsplit plans only), A when there are
-// many columns (split-K plans too). Many: M >= kPreconvertBMinM, N >= kPreconvertAMinN, or, when
-// K >= kPreconvertLongK, from kPreconvertBMinMLongK / kPreconvertAMinNLongK on (a pass's fixed
-// cost, 3-4 us in a fit to session 16's readings and presumably a launch boundary and a wave, pays
-// only over long tiles). The BF16 copies live in the
-// workspace (after the split-K area of a split plan; B' first, then A'; 2 bytes per element, K
-// padded to a slab, A's rows to 8), each offered when it is at most kPreconvertMaxBytes.
-// Session 16 (RESULTS.md), configurations taking turns in one process against the 4096 / 4096
-// rule: at K >= 2048, A' from N = 2048 and B' from M = 3072 gain 4.6-14% at 10 of 14 shapes and
-// lose at most 1.1%; at K = 1024 they lose 3-5% (2048x2048x1024 A', 3072x2048x1024 B').
-constexpr long long kPreconvertBMinM = 4096;
-constexpr long long kPreconvertAMinN = 4096;
-constexpr long long kPreconvertLongK = 2048;
-constexpr long long kPreconvertBMinMLongK = 3072;
-constexpr long long kPreconvertAMinNLongK = 2048;
+// (PreconvertKernel, memory-bound) instead of once per tile inside the GEMM; the plan's cost model
+// decides (gemm_amax_sm90.cu, kPreconvertSaving). The BF16 copies live in the workspace (after the
+// split-K area of a split plan; B' first, then A'; 2 bytes per element, K padded to a slab, A's rows
+// to 8), so they are asked for before the plan exists: B's when M >= kPreconvertBMinM, A's when
+// N >= kPreconvertAMinN (below those the model never took a pass in session 16's tables), each
+// when it is at most kPreconvertMaxBytes.
+constexpr long long kPreconvertBMinM = 2048;
+constexpr long long kPreconvertAMinN = 2048;
 constexpr long long kPreconvertMaxBytes = 1ll << 30;
 size_t PreconvertedBBytes(const GemmAmaxProblem& p);
 size_t PreconvertedABytes(const GemmAmaxProblem& p);

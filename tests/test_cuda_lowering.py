@@ -110,6 +110,7 @@ def test_byte_scales_lower_like_e8m0(scale_dtype):
     (768, 2048, 4096, "256/2/0+A"),     # split plans take A' where the main loop is long enough
     (2048, 3072, 1024, "256/2/132"),    # ... and not at K = 1024 (A' lost 1.8%)
     (640, 8192, 1024, "128/2/264"),     # tile 256 with A' lost 7% here
+    (3072, 3072, 8192, "256/4/264+A"),  # tail splits of the same tiles: the cheaper wins outright
 ])
 def test_h200_plans(m, n, k, plan):
     # The SM90 planner's pick on a 132-SM H200 with the workspace the lowering asks for (host

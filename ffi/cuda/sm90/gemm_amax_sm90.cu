@@ -297,8 +297,8 @@ size_t WorkspaceBytes(const GemmAmaxProblem& p, bool offer_copies) {
 }
 
 namespace {
-// The operands the options or the size rule ask to pre-convert. PreconvertKernel numbers a copy's
-// 128-byte units with 32-bit ints (256 GiB; the size rule offers at most kPreconvertMaxBytes,
+// The operands the options ask to pre-convert or the library offers to. PreconvertKernel numbers a copy's
+// 128-byte units with 32-bit ints (256 GiB; the library offers at most kPreconvertMaxBytes,
 // options may force more), and a warp's store loop counts up to 31 past the last unit.
 bool CopyFits(size_t bytes) { return bytes / 128 <= static_cast<size_t>(INT_MAX - 32); }
 bool WantA(const GemmAmaxProblem& p, const LaunchOptions& opt) {

@@ -62,7 +62,7 @@ struct LaunchOptions {
   int force_tile_m = 0;    // 0: heuristic; 128 or 256 forces the CTA tile height
   int force_splits = 0;    // 0: heuristic; >= 1 forces the split-K factor (capped at the K slabs)
   int force_whole_tiles = -1;  // with force_splits > 1: this many tiles run unsplit first (< tiles)
-  int preconvert_b = -1;   // -1: by problem size (see kPreconvertBMinM); 0: never; 1: whenever the plan
+  int preconvert_b = -1;   // -1: when offered (kPreconvertBMinM) and the plan's cost model takes it; 0: never; 1: whenever the plan
                            // is tile 256 unsplit and the workspace holds the BF16 B
   int preconvert_a = -1;   // the same for A (kPreconvertAMinN), split-K plans of tile 256 included
   int split_bonus_units = -1;  // -1: kSplitReducerBonusUnits; else the split-K reducer's extra 64-K units

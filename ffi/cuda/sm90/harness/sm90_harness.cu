@@ -349,7 +349,7 @@ static HostProblem MakeProblem(const Combo& cb, int64_t L, int64_t M, int64_t N,
 
 static int g_fail = 0, g_pass = 0;
 
-// Pre-converted operands of a launch: -1 by the size rule; else bits 1 (B) and 2 (A) forced on, the
+// Pre-converted operands of a launch: -1 as the plan decides; else bits 1 (B) and 2 (A) forced on, the
 // others off.
 static void SetPre(sm90::LaunchOptions& o, int pre) {
   o.preconvert_b = pre < 0 ? -1 : (pre & 1) ? 1 : 0;

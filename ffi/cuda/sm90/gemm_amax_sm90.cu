@@ -216,8 +216,7 @@ Plan MakePlan(const GemmAmaxProblem& p, int sms, const LaunchOptions& opt, size_
         const double split_waves = static_cast<double>(CeilDiv(split_tiles * splits, sms));
         const double gemm = whole_waves * wave_cost(1) + split_waves * wave_cost(splits);
         const double main_loop = whole_waves * wave_units(1) + split_waves * wave_units(splits);
-        // This candidate's cheapest choice of operands to pre-convert (the model's own error, 1.3%,
-        // is below the 2% by which one candidate must beat another).
+        // This candidate's cheapest choice of operands to pre-convert.
         int allowed = 0;
         if (mi == 2 && splits == 1) {
           allowed = pc.unsplit;

@@ -590,6 +590,9 @@ constexpr int kBackToBack = 8;
 // Median time per launch of each of `launches`, timed taking turns: every round takes one sample
 // (kBackToBack launches between two events) of each, so that clock drift under the power cap falls
 // on all of them alike (separate processes read one configuration up to 10% apart, session 16).
+// Round i starts with configuration i mod n: with a fixed order, the configuration listed first in a
+// round of five read 0.7-1.0% above its identical twin listed last (session 17); rotated, 0.3-0.7%
+// (the build's own plan against the same plan forced, at three shapes).
 static std::vector<double> MedianMsTakingTurns(const std::vector<std::function<void()>>& launches, int iters) {
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
@@ -607,7 +610,10 @@ static std::vector<double> MedianMsTakingTurns(const std::vector<std::function<v
     for (const auto& launch : launches) warm_ms += sample_ms(launch) * kBackToBack;
   std::vector<std::vector<float>> ts(launches.size());
   for (int i = 0; i < iters; ++i)
-    for (size_t c = 0; c < launches.size(); ++c) ts[c].push_back(sample_ms(launches[c]));
+    for (size_t j = 0; j < launches.size(); ++j) {
+      const size_t c = (j + i) % launches.size();
+      ts[c].push_back(sample_ms(launches[c]));
+    }
   CK(cudaEventDestroy(e0)); CK(cudaEventDestroy(e1));
   std::vector<double> medians;
   for (const auto& t : ts) medians.push_back(Median(t));

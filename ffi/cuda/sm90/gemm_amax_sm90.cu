@@ -427,7 +427,7 @@ cudaError_t LaunchWithOptions(const GemmAmaxProblem& p, const GemmAmaxBuffers& b
 
   const int n_amax = opt.skip_amax ? 0 : k.l;
   const int n_ready = plan.splits > 1 ? k.split_tiles : 0;
-  if (n_amax + n_ready > 0) {
+  if (n_amax + n_ready > 0 && !(kExperiments && (k.flags & kFlagPassesOnly))) {
     const int blocks = static_cast<int>(std::min<long long>(CeilDiv(n_amax + n_ready, 256), 1024));
     ResetKernel<<<blocks, 256, 0, stream>>>(buf.amax, n_amax, k.tile_ready, n_ready);
     cudaError_t e = cudaGetLastError();

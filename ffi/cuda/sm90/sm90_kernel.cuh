@@ -180,6 +180,7 @@ constexpr int kFlagNoBLoad = 128;    // experiment: producer skips the B tile
 constexpr int kFlagNoFence = 256;    // experiment: converter skips the proxy fence (unsafe)
 constexpr int kFlagHalfConvB = 512;  // experiment: converter rows 64-127 skip the B conversion (wrong results)
 constexpr int kFlagHalfPreA = 1024;  // experiment: only the first half of each pre-converted A unit's rows is loaded (wrong results)
+constexpr int kFlagPassesOnly = 2048;  // experiment: only the pre-conversion passes run (no reset, no GEMM): to time them
 constexpr int kBN = 128;
 // Epilogue staging buffer of each of the 8 consumer warps (see Epilogue).
 constexpr int kStageBytesPerWarp = 1024;
@@ -947,9 +948,19 @@ struct UnitPos {
 // Units per thread of PreconvertKernel, their loads issued together: the pass is latency-bound
 // (one unit per thread: 24 cycles between a warp's instructions, a third of them waiting on L1TEX,
 // 1.29 waves, 14.6 us for a 4096^2 B, ncu), so each thread keeps two units' loads in flight
-// (13.9-14.0 us; four units need 128 registers and gain nothing more; session 15).
+// (13.9-14.0 us; four units need 128 registers and gain nothing more; session 15). At 8192^3 the
+// pass reaches 3.2 TB/s, 67% of peak DRAM throughput (session 17); the macros let a harness build
+// try other shapes of the grid (build.sh OUT -DJGA_PRECONVERT_UNITS=1 -DJGA_PRECONVERT_THREADS=512).
+#ifdef JGA_PRECONVERT_UNITS
+constexpr int kPreconvertUnitsPerThread = JGA_PRECONVERT_UNITS;
+#else
 constexpr int kPreconvertUnitsPerThread = 2;
+#endif
+#ifdef JGA_PRECONVERT_THREADS
+constexpr int kPreconvertThreads = JGA_PRECONVERT_THREADS;
+#else
 constexpr int kPreconvertThreads = 256;
+#endif
 
 // Loads unit v's codes and scale bytes (GatherRowUnit); past the last unit, every group is invalid
 // (multiplier 0), so dead lanes still vote in ConvertRowUnit.

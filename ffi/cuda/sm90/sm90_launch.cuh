@@ -146,6 +146,7 @@ cudaError_t LaunchVariantMI(const LaunchCtx& ctx) {
       if (err == cudaSuccess && (ctx.pre & kPreA))
         err = LaunchPreconvert<V>(ctx.pre_a, ctx.stream, ctx.after_reset || (ctx.pre & kPreB));
       if (err != cudaSuccess) return err;
+      if (kExperiments && (ctx.params.flags & kFlagPassesOnly)) return cudaSuccess;
       if (split) return LaunchKernel<V, 2, true, kPreA>(ctx, true);
       switch (ctx.pre) {
         case kPreB: return LaunchKernel<V, 2, false, kPreB>(ctx, true);

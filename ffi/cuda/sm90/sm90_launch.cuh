@@ -35,8 +35,6 @@ constexpr int kMaxDevices = 64;
 constexpr int kKernelKinds = 6;
 int& MaxActiveClusters(int device, int variant, int mi, int kind);
 constexpr int KernelKind(bool split_k, int pre) { return split_k ? (pre != 0 ? 5 : 1) : pre != 0 ? 1 + pre : 0; }
-template <bool kSplitK, int kPre>
-constexpr int kKernelKind = KernelKind(kSplitK, kPre);
 
 cudaError_t LaunchVariant0(const LaunchCtx& ctx);  // e4m3, e8m0/32
 cudaError_t LaunchVariant1(const LaunchCtx& ctx);  // e5m2, e8m0/32
@@ -87,7 +85,7 @@ cudaError_t ConfigureKernel() {
   err = cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg);
   if (err != cudaSuccess) return err;
   if (clusters <= 0) return cudaErrorInvalidConfiguration;
-  if (dev < kMaxDevices) MaxActiveClusters(dev, V, MI, kKernelKind<kSplitK, kPre>) = clusters;
+  if (dev < kMaxDevices) MaxActiveClusters(dev, V, MI, KernelKind(kSplitK, kPre)) = clusters;
   return cudaSuccess;
 }
 
@@ -106,7 +104,7 @@ cudaError_t ConfigureKernels() {
 
 template <int V, int MI, bool kSplitK, int kPre = 0>
 cudaError_t LaunchKernel(const LaunchCtx& ctx, bool programmatic) {
-  const int fit = ctx.device < kMaxDevices ? MaxActiveClusters(ctx.device, V, MI, kKernelKind<kSplitK, kPre>) : 0;
+  const int fit = ctx.device < kMaxDevices ? MaxActiveClusters(ctx.device, V, MI, KernelKind(kSplitK, kPre)) : 0;
   const int grid = fit > 0 ? std::min(ctx.grid, fit * kCluster) : ctx.grid;
   cudaLaunchAttribute attr[2];
   const cudaLaunchConfig_t cfg = LaunchConfig<V, MI, kPre>(grid, ctx.stream, attr, programmatic);

@@ -31,14 +31,17 @@ def _custom_call_results(m, n, k, fmt="mxfp8_e4m3", sfv=32, scale_dtype=None):
 @pytest.mark.parametrize(
     "m,n,k,workspace",
     [
-        (256, 1024, 512, 256 + 3 * 256 * 1024 * 4),  # few tiles: split-K up to 4, 3 partial slots
+        # few tiles: split-K up to 4, 3 partial slots, then the BF16 A (offered from N = 768 on)
+        (256, 1024, 512, 256 + 3 * 256 * 1024 * 4 + 256 * 512 * 2),
+        (256, 512, 512, 256 + 3 * 256 * 512 * 4),  # ... and below N = 768 no A'
         # 128 counters (tile 128), one partial slot, then the BF16 A (split plans pre-convert A)
         (256, 8192, 8192, 512 + 1 * 256 * 8192 * 4 + 256 * 8192 * 2),
         (300, 200, 64, 256 + 3 * 512 * 256 * 4),  # padded to 256x128 tiles
         # many tiles: 16 MB of partials (a tail split), then the BF16 A (4 MB; with B' 8 MB, less)
         (8192, 8192, 256, 64 * 64 * 4 + (1 << 22) * 4 + 8192 * 256 * 2),
         (4096, 4096, 4096, 2 * 4096 * 4096 * 2),  # many rows and columns: the BF16 B and A (64 MB) are larger
-        (4096, 1000, 192, 32 * 8 * 4 + (1 << 22) * 4),  # BF16 B (1000 x 256 x 2) smaller than 16 MB
+        # 16 MB of partials, then the BF16 A (4096 x 256 x 2); B' and A' together are smaller
+        (4096, 1000, 192, 32 * 8 * 4 + (1 << 22) * 4 + 4096 * 256 * 2),
         # many columns: 16 MB of partials, then the BF16 A (rows padded to 8)
         (1500, 4096, 8192, 12 * 32 * 4 + (1 << 22) * 4 + 1504 * 8192 * 2),
     ],
@@ -68,11 +71,11 @@ def test_workspace_counts_every_batch_item():
 
 
 @pytest.mark.parametrize("m,n,k,copy_a,copy_b", [
-    (2048, 2048, 8192, True, True),     # both copies from 2048 rows / columns on (the plan decides)
-    (2047, 2047, 8192, False, False),   # just below both
-    (2048, 2048, 1024, True, True),     # at any K
-    (8192, 1024, 16384, False, True),   # B' alone
-    (1024, 2048, 8192, True, False),    # A' alone
+    (2048, 768, 8192, True, True),      # B' from 2048 rows on, A' from 768 columns (the plan decides)
+    (2047, 760, 8192, False, False),    # just below both (N a multiple of 8: bf16 C rows of 16 bytes)
+    (2048, 768, 1024, True, True),      # at any K
+    (8192, 512, 16384, False, True),    # B' alone
+    (1024, 768, 8192, True, False),     # A' alone
 ])
 def test_workspace_offers_copies_by_the_size_rule(monkeypatch, m, n, k, copy_a, copy_b):
     # The operands whose BF16 copies the kernel library asks room for (its cost model then decides
@@ -111,6 +114,11 @@ def test_byte_scales_lower_like_e8m0(scale_dtype):
     (2048, 3072, 1024, "256/2/132"),    # ... and not at K = 1024 (A' lost 1.8%)
     (640, 8192, 1024, "128/2/264"),     # tile 256 with A' lost 7% here
     (3072, 3072, 8192, "256/4/264+A"),  # tail splits of the same tiles: the cheaper wins outright
+    # A' offered from N = 768 (session 18: the model's A' plan against the plan without it, turns)
+    (768, 1536, 16384, "256/2/0+A"),    # +12.8%
+    (1792, 1792, 4096, "256/1/0+A"),    # +5.9% over a tile-128 tail split
+    (3072, 1536, 8192, "256/4/132+A"),  # +7.5%
+    (2048, 1792, 8192, "256/1/0+A"),    # +3.5% over B'
 ])
 def test_h200_plans(m, n, k, plan):
     # The SM90 planner's pick on a 132-SM H200 with the workspace the lowering asks for (host

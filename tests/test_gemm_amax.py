@@ -254,7 +254,7 @@ def test_every_element_of_a_long_run(fmt, m, n, k):
 
 # Shapes whose plan on a 132-SM H200 pre-converts `pre` ("A", "B", "AB") with split-K or not, in
 # every format (test_preconversion_cases_get_their_plan checks that on any machine).
-PRECONVERT_CASES = [(4100, 1800, 1056, "B", False), (1996, 3100, 1056, "A", False), (4100, 4100, 352, "AB", False),
+PRECONVERT_CASES = [(4100, 760, 2080, "B", False), (1996, 3100, 1056, "A", False), (4100, 4100, 352, "AB", False),
                     (3100, 2200, 2080, "AB", False), (250, 6000, 8192, "A", True)]
 PRECONVERT_IDS = ["B", "A", "AB", "AB-long-K", "A-split-K"]
 

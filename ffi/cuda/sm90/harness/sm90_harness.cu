@@ -308,7 +308,8 @@ static cudaError_t LaunchH(const GemmAmaxProblem& p, const GemmAmaxBuffers& b, c
   const size_t any_plan = static_cast<size_t>(sm90::kMaxSplits) * ((p.m + 255) / 256 * 256) * ((p.n + 127) / 128 * 128) *
                           p.batch * 4 + 1024 * 1024;
   const size_t copies = (o.preconvert_b == 1 ? sm90::PreconvertedBBytes(p) : 0) + (o.preconvert_a == 1 ? sm90::PreconvertedABytes(p) : 0);
-  const size_t want = o.force_splits > 1 ? any_plan + copies : std::max(sm90::WorkspaceBytes(p), copies);
+  // Forced copies go after the split-K area (split plans may take A' too).
+  const size_t want = o.force_splits > 1 ? any_plan + copies : std::max(sm90::WorkspaceBytes(p), sm90::WorkspaceBytes(p, false) + copies);
   if (want > g_ws_bytes) {
     cudaFree(g_ws);
     CK(cudaMalloc(&g_ws, want));
@@ -843,6 +844,7 @@ static void Turns(int64_t M, int64_t N, int64_t K, int iters, const std::vector<
   const std::vector<double> ms = MedianMsTakingTurns(launches, iters);
   printf("turns %lldx%lldx%lld:", (long long)M, (long long)N, (long long)K);
   for (size_t c = 0; c < opts.size(); ++c) {
+    CK(LaunchH(p, Bufs(d), opts[c]));  // PlanH reads the workspace of the last launch: this configuration's
     const sm90::PlanInfo plan = PlanH(p, opts[c]);
     printf("  %s=%.1f (%d/%d/%d%s%s)", cfgs[c].c_str(), 2.0 * M * N * K / (ms[c] * 1e-3) / 1e12, plan.tile_m,
            plan.splits, plan.whole_tiles, plan.preconvert_a || plan.preconvert_b ? "+" : "",
@@ -850,6 +852,63 @@ static void Turns(int64_t M, int64_t N, int64_t K, int iters, const std::vector<
   }
   printf("\n");
   d.Free();
+}
+
+// The DRAM ceiling for a pass's traffic (read n bytes, write 2n: one byte -> one BF16), without
+// the pass's gathers and staging: each thread loads U 16-byte pieces (grid-stride), writes 2U.
+template <int U, bool kExpand>
+static __global__ void __launch_bounds__(256) ExpandKernel(const uint4* in, uint4* out, long long n16) {
+  const long long stride = static_cast<long long>(gridDim.x) * blockDim.x * U;
+  for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x * U + threadIdx.x; i < n16; i += stride) {
+    uint4 x[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) x[u] = i + u * blockDim.x < n16 ? __ldg(in + i + u * blockDim.x) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const long long j = i + u * blockDim.x;
+      if (j >= n16) break;
+      if constexpr (kExpand) {
+        out[2 * j] = make_uint4(__byte_perm(x[u].x, 0, 0x1404), __byte_perm(x[u].x, 0, 0x3424),
+                                __byte_perm(x[u].y, 0, 0x1404), __byte_perm(x[u].y, 0, 0x3424));
+        out[2 * j + 1] = make_uint4(__byte_perm(x[u].z, 0, 0x1404), __byte_perm(x[u].z, 0, 0x3424),
+                                    __byte_perm(x[u].w, 0, 0x1404), __byte_perm(x[u].w, 0, 0x3424));
+      } else {
+        out[j] = x[u];
+      }
+    }
+  }
+}
+static void Ceiling(long long bytes, int iters) {
+  const long long n16 = bytes / 16;
+  uint8_t *in, *out;
+  CK(cudaMalloc(&in, n16 * 16));
+  CK(cudaMalloc(&out, n16 * 32));
+  FillRandomE4M3<<<1024, 256>>>(in, n16 * 16, 5);
+  CK(cudaDeviceSynchronize());
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const auto* i4 = reinterpret_cast<const uint4*>(in);
+  auto* o4 = reinterpret_cast<uint4*>(out);
+  auto blocks = [&](int u) { return static_cast<unsigned>((n16 + 256 * u - 1) / (256 * u)); };
+  const char* names[] = {"expand U1 one-shot", "expand U2 one-shot", "expand U4 one-shot", "expand U2 8/SM loop",
+                         "expand U4 4/SM loop", "expand U1 8/SM loop", "copy U4 one-shot (read n, write n)"};
+  std::vector<std::function<void()>> launches = {
+      [&] { ExpandKernel<1, true><<<blocks(1), 256>>>(i4, o4, n16); },
+      [&] { ExpandKernel<2, true><<<blocks(2), 256>>>(i4, o4, n16); },
+      [&] { ExpandKernel<4, true><<<blocks(4), 256>>>(i4, o4, n16); },
+      [&] { ExpandKernel<2, true><<<sms * 8, 256>>>(i4, o4, n16); },
+      [&] { ExpandKernel<4, true><<<sms * 4, 256>>>(i4, o4, n16); },
+      [&] { ExpandKernel<1, true><<<sms * 8, 256>>>(i4, o4, n16); },
+      [&] { ExpandKernel<4, false><<<blocks(4), 256>>>(i4, o4, n16); },
+  };
+  const std::vector<double> ms = MedianMsTakingTurns(launches, iters);
+  CK(cudaGetLastError());
+  for (size_t c = 0; c < ms.size(); ++c) {
+    const double moved = c + 1 == ms.size() ? 2.0 * bytes : 3.0 * bytes;
+    printf("ceiling %lld bytes in: %-36s %8.1f us %6.2f TB/s\n", bytes, names[c], ms[c] * 1e3, moved / (ms[c] * 1e-3) / 1e12);
+  }
+  cudaFree(in);
+  cudaFree(out);
 }
 
 // Host time of the pieces of one launch (no device work is timed): where the ~10 us per call go.
@@ -942,10 +1001,15 @@ int main(int argc, char** argv) {
     Turns(atoll(argv[2]), atoll(argv[3]), atoll(argv[4]), atoi(argv[5]), std::vector<std::string>(argv + 6, argv + argc));
     return 0;
   }
+  if (mode == "ceiling") {  // ceiling BYTES iters: the DRAM ceiling for a pass's traffic
+    if (argc < 4) return 2;
+    Ceiling(atoll(argv[2]), atoi(argv[3]));
+    return 0;
+  }
   if (mode == "bench") {
     Bench(argc > 2 ? atoi(argv[2]) : 30, ParseShapes(argc > 3 ? argv[3] : nullptr));
     return 0;
   }
-  fprintf(stderr, "usage: %s [test|small|bench [iters [MxNxK[xL],...]]|one M N K tile flags iters [pre: -1 auto, bits 1 B, 2 A]|turns M N K iters TILE:SPLITS:PRE[:WHOLE]...|hostcost M N K|exp]\n", argv[0]);
+  fprintf(stderr, "usage: %s [test|small|bench [iters [MxNxK[xL],...]]|one M N K tile flags iters [pre: -1 auto, bits 1 B, 2 A]|turns M N K iters TILE:SPLITS:PRE[:WHOLE]...|hostcost M N K|ceiling BYTES iters|exp]\n", argv[0]);
   return 2;
 }

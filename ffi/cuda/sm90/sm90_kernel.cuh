@@ -181,6 +181,7 @@ constexpr int kFlagNoFence = 256;    // experiment: converter skips the proxy fe
 constexpr int kFlagHalfConvB = 512;  // experiment: converter rows 64-127 skip the B conversion (wrong results)
 constexpr int kFlagHalfPreA = 1024;  // experiment: only the first half of each pre-converted A unit's rows is loaded (wrong results)
 constexpr int kFlagPassesOnly = 2048;  // experiment: only the pre-conversion passes run (no reset, no GEMM): to time them
+constexpr int kFlagNoCStores = 4096;  // experiment: the staged epilogue skips only its global stores (wrong results)
 constexpr int kBN = 128;
 // Epilogue staging buffer of each of the 8 consumer warps (see Epilogue).
 constexpr int kStageBytesPerWarp = 1024;
@@ -724,8 +725,9 @@ __device__ __forceinline__ void Epilogue(float (&acc)[MI][64], const KParams& p,
             const int r = h * (32 / CPR) + lane / CPR, c = lane % CPR;
             const uint4 v = Lds128(stage + r * RB + (swz(r, c) << 4));
             uint8_t* dst = c_tile + (mi * 64 + rr * 8 + r) * row_pitch + cb * RB + c * 16;
-            asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
-                         : "memory");
+            if (!Experiment(p, kFlagNoCStores))
+              asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                           : "memory");
           }
           __syncwarp();
         }

@@ -951,8 +951,8 @@ struct UnitPos {
 // (one unit per thread: 24 cycles between a warp's instructions, a third of them waiting on L1TEX,
 // 1.29 waves, 14.6 us for a 4096^2 B, ncu), so each thread keeps two units' loads in flight
 // (13.9-14.0 us; four units need 128 registers and gain nothing more; session 15). At 8192^2 the
-// pass moves its 203 MB at ~3.6 TB/s, the rate of a bare coalesced read-1-write-2 kernel on an H200
-// (harness `ceiling`, session 18): it is at the DRAM ceiling of its traffic. Other grid shapes
+// pass moves its 203 MB at ~3.6 TB/s, the rate of a bare read-1-write-2 kernel on an H200 and
+// within ~2% of a plain copy's (harness `ceiling`, session 18): the DRAM ceiling of its traffic. Other grid shapes
 // (build.sh OUT -DJGA_PRECONVERT_UNITS=1 -DJGA_PRECONVERT_THREADS=512) and a grid-stride loop that
 // loads the next unit before storing the current one measured within +-4% of this (session 18).
 #ifdef JGA_PRECONVERT_UNITS

@@ -543,11 +543,11 @@ __global__ void FillRandomE4M3(uint8_t* p, size_t n, uint32_t seed) {
     p[i] = v;
   }
 }
-__global__ void FillScalesDev(uint8_t* p, size_t n, uint32_t seed) {
+__global__ void FillScalesDev(uint8_t* p, size_t n, uint32_t seed, bool e4m3) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n; i += gridDim.x * static_cast<size_t>(blockDim.x)) {
     uint32_t x = static_cast<uint32_t>(i) * 2246822519u ^ seed;
     x ^= x >> 15; x *= 0x2c1b3c6du; x ^= x >> 12;
-    p[i] = static_cast<uint8_t>(120 + x % 15);
+    p[i] = static_cast<uint8_t>(e4m3 ? 0x30 + x % 16 : 120 + x % 15);  // e4m3 0.25..1.875, e8m0 2^-7..2^7
   }
 }
 __global__ void FillBF16(uint16_t* p, size_t n, uint32_t seed) {
@@ -563,21 +563,41 @@ static double Median(std::vector<float> v) {
   return v[v.size() / 2];
 }
 
-// A random e4m3 / e8m0 (sfv 32) problem with bf16 C and L batch items, generated on the device
-// into `d` (batch item 0 first in every buffer).
-static GemmAmaxProblem RandomE4M3Problem(int64_t M, int64_t N, int64_t K, DevBufs& d, int64_t L = 1) {
+// The operand format of the timing modes (one, turns, bench, exp, hostcost): kCombos[JGA_COMBO]
+// (default 0, e4m3 / e8m0 / 32; 2 mxfp4, 4 nvfp4), so that fp4 plans can be timed too.
+static const Combo& TimedCombo() {
+  static const int i = [] {
+    const char* e = getenv("JGA_COMBO");
+    const int n = static_cast<int>(sizeof(kCombos) / sizeof(kCombos[0]));
+    const int v = e ? atoi(e) : 0;
+    if (v < 0 || v >= n) {
+      fprintf(stderr, "JGA_COMBO=%s: want 0..%d\n", e, n - 1);
+      exit(2);
+    }
+    return v;
+  }();
+  return kCombos[i];
+}
+
+// A random problem in TimedCombo()'s format with bf16 C and L batch items, generated on the device
+// into `d` (batch item 0 first in every buffer). Scales stay near 1 (e8m0 2^-7..2^7, e4m3 0.25..1.9),
+// so that the conversions take their usual one-multiply path.
+static GemmAmaxProblem RandomProblem(int64_t M, int64_t N, int64_t K, DevBufs& d, int64_t L = 1) {
+  const Combo& cb = TimedCombo();
   GemmAmaxProblem p;
   p.batch = L; p.m = M; p.n = N; p.k = K;
-  p.ab_type = OperandType::kE4M3; p.sf_type = ScaleType::kE8M0; p.sf_vec_size = 32; p.c_type = OutputType::kBF16;
+  p.ab_type = cb.ab; p.sf_type = cb.sf; p.sf_vec_size = cb.sfv; p.c_type = OutputType::kBF16;
+  const size_t rb = static_cast<size_t>(p.operand_row_bytes());
   const size_t sfab = p.scale_batch_stride(M) * L, sfbb = p.scale_batch_stride(N) * L;
   d.c_bytes = L * M * N * 2;
-  CK(cudaMalloc(&d.a, L * M * K)); CK(cudaMalloc(&d.b, L * N * K));
+  CK(cudaMalloc(&d.a, L * M * rb)); CK(cudaMalloc(&d.b, L * N * rb));
   CK(cudaMalloc(&d.sfa, sfab)); CK(cudaMalloc(&d.sfb, sfbb));
   CK(cudaMalloc(&d.c, d.c_bytes)); CK(cudaMalloc(&d.amax, 4 * L));
-  FillRandomE4M3<<<1024, 256>>>(d.a, L * M * K, 1);
-  FillRandomE4M3<<<1024, 256>>>(d.b, L * N * K, 2);
-  FillScalesDev<<<256, 256>>>(d.sfa, sfab, 3);
-  FillScalesDev<<<256, 256>>>(d.sfb, sfbb, 4);
+  FillRandomE4M3<<<1024, 256>>>(d.a, L * M * rb, 1);  // any byte but e4m3's NaN codes: valid in every format
+  FillRandomE4M3<<<1024, 256>>>(d.b, L * N * rb, 2);
+  const bool e4m3_scales = cb.sf == ScaleType::kE4M3;
+  FillScalesDev<<<256, 256>>>(d.sfa, sfab, 3, e4m3_scales);
+  FillScalesDev<<<256, 256>>>(d.sfb, sfbb, 4, e4m3_scales);
   CK(cudaDeviceSynchronize());
   return p;
 }
@@ -655,7 +675,7 @@ static void Bench(int iters, const std::vector<Shape>& shapes) {
          "TF/s t256", "TF/s nosplit", "TF/s noPre", "TF/s PreB", "TF/s PreA", "TF/s PreAB", "cuBLASbf16", "check");
   for (const Shape& s : shapes) {
     DevBufs d;
-    const GemmAmaxProblem p = RandomE4M3Problem(s.m, s.n, s.k, d, s.l);
+    const GemmAmaxProblem p = RandomProblem(s.m, s.n, s.k, d, s.l);
     const double flop = 2.0 * s.l * s.m * s.n * s.k;
     const size_t abytes = s.m * s.k, bbytes = s.n * s.k;  // batch item 0 (checked below)
     const size_t sfab = p.scale_batch_stride(s.m), sfbb = p.scale_batch_stride(s.n);
@@ -752,7 +772,7 @@ static void Experiments(int64_t M, int64_t N, int64_t K, int iters) {
   return;
 #endif
   DevBufs d;
-  const GemmAmaxProblem p = RandomE4M3Problem(M, N, K, d);
+  const GemmAmaxProblem p = RandomProblem(M, N, K, d);
   const int flag_sets[] = {0, 16, 2, 4, 8, 4 | 8, 2 | 4 | 8, 2 | 4 | 8 | 16};
   for (int tile : {128, 256}) {
     for (int f : flag_sets) {
@@ -770,7 +790,7 @@ static void Experiments(int64_t M, int64_t N, int64_t K, int iters) {
 
 static void OneConfig(int64_t M, int64_t N, int64_t K, int tile, int flags, int iters, int pre) {
   DevBufs d;
-  const GemmAmaxProblem p = RandomE4M3Problem(M, N, K, d);
+  const GemmAmaxProblem p = RandomProblem(M, N, K, d);
   sm90::LaunchOptions o;
   o.force_tile_m = tile;
   o.experiment_flags = flags;
@@ -824,7 +844,7 @@ static void OneConfig(int64_t M, int64_t N, int64_t K, int tile, int flags, int 
 // unsplit before the split ones, with SPLITS > 1).
 static void Turns(int64_t M, int64_t N, int64_t K, int iters, const std::vector<std::string>& cfgs) {
   DevBufs d;
-  const GemmAmaxProblem p = RandomE4M3Problem(M, N, K, d);
+  const GemmAmaxProblem p = RandomProblem(M, N, K, d);
   std::vector<sm90::LaunchOptions> opts;
   for (const std::string& c : cfgs) {
     int tile = 0, splits = 0, pre = -1, whole = -1;
@@ -842,7 +862,7 @@ static void Turns(int64_t M, int64_t N, int64_t K, int iters, const std::vector<
   std::vector<std::function<void()>> launches;
   for (const auto& o : opts) launches.push_back([&p, &d, o] { CK(LaunchH(p, Bufs(d), o)); });
   const std::vector<double> ms = MedianMsTakingTurns(launches, iters);
-  printf("turns %lldx%lldx%lld:", (long long)M, (long long)N, (long long)K);
+  printf("turns %lldx%lldx%lld %s:", (long long)M, (long long)N, (long long)K, TimedCombo().name);
   for (size_t c = 0; c < opts.size(); ++c) {
     CK(LaunchH(p, Bufs(d), opts[c]));  // PlanH reads the workspace of the last launch: this configuration's
     const sm90::PlanInfo plan = PlanH(p, opts[c]);
@@ -915,7 +935,7 @@ static void Ceiling(long long bytes, int iters) {
 static __global__ void EmptyKernel(int) {}
 static void HostCost(int64_t M, int64_t N, int64_t K) {
   DevBufs d;
-  const GemmAmaxProblem p = RandomE4M3Problem(M, N, K, d);
+  const GemmAmaxProblem p = RandomProblem(M, N, K, d);
   const sm90::LaunchOptions o;
   const GemmAmaxBuffers b = Bufs(d);
   auto time_us = [](const char* what, int n, auto&& fn) {
@@ -1010,6 +1030,6 @@ int main(int argc, char** argv) {
     Bench(argc > 2 ? atoi(argv[2]) : 30, ParseShapes(argc > 3 ? argv[3] : nullptr));
     return 0;
   }
-  fprintf(stderr, "usage: %s [test|small|bench [iters [MxNxK[xL],...]]|one M N K tile flags iters [pre: -1 auto, bits 1 B, 2 A]|turns M N K iters TILE:SPLITS:PRE[:WHOLE]...|hostcost M N K|ceiling BYTES iters|exp]\n", argv[0]);
+  fprintf(stderr, "usage: %s [test|small|bench [iters [MxNxK[xL],...]]|one M N K tile flags iters [pre: -1 auto, bits 1 B, 2 A]|turns M N K iters TILE:SPLITS:PRE[:WHOLE]...|hostcost M N K|ceiling BYTES iters|exp] (timing modes: env JGA_COMBO=0..4 picks the operand format, 2 mxfp4, 4 nvfp4)\n", argv[0]);
   return 2;
 }

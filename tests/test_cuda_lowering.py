@@ -119,6 +119,8 @@ def test_byte_scales_lower_like_e8m0(scale_dtype):
     (1792, 1792, 4096, "256/1/0+A"),    # +5.9% over a tile-128 tail split
     (3072, 1536, 8192, "256/4/132+A"),  # +7.5%
     (2048, 1792, 8192, "256/1/0+A"),    # +3.5% over B'
+    (4096, 1536, 8192, "256/2/132+A"),  # +8.9% (large M: the tail split takes A')
+    (8192, 1792, 8192, "256/2/396+A"),  # +6.8% over B'
 ])
 def test_h200_plans(m, n, k, plan):
     # The SM90 planner's pick on a 132-SM H200 with the workspace the lowering asks for (host

@@ -168,7 +168,8 @@ struct Plan {
 // What a plan may pre-convert: tile 256 unsplit, any part of `unsplit` (the operands wanted whose
 // copies fit the workspace together); tile 256 split, A alone if wanted and its copy fits after the
 // split-K area (each CTA reads only its own K range of B once, so B's pass would not pay, but
-// every n-tile converts the same A rows). Operands the options force (`required`) are always taken.
+// every n-tile converts the same A rows). Operands the options force (`required`) are taken by
+// every candidate that allows them.
 struct PreChoices {
   int unsplit = 0;            // kPreA | kPreB
   bool split_a = false;       // A wanted for split plans
@@ -180,6 +181,9 @@ Plan MakePlan(const GemmAmaxProblem& p, int sms, const LaunchOptions& opt, size_
   const long long tn = CeilDiv(CeilDiv(p.n, 128), kCluster) * kCluster;
   const long long nslabs = CeilDiv(p.operand_row_bytes(), 128);
   const long long units_per_slab = UnitsPerSlab(p);
+  double pass_units[4];  // the passes of each operand choice: the same for every candidate
+  for (int x = 0; x < 4; ++x) pass_units[x] = PassUnits(p, x);
+  const size_t a_copy_bytes = PreconvertedABytes(p);
   Plan best;
   double best_cost = -1;
   for (int mi = 2; mi >= 1; --mi) {
@@ -220,14 +224,14 @@ Plan MakePlan(const GemmAmaxProblem& p, int sms, const LaunchOptions& opt, size_
         int allowed = 0;
         if (mi == 2 && splits == 1) {
           allowed = pc.unsplit;
-        } else if (mi == 2 && pc.split_a && pc.workspace_bytes >= need + PreconvertedABytes(p)) {
+        } else if (mi == 2 && pc.split_a && pc.workspace_bytes >= need + a_copy_bytes) {
           allowed = kPreA;
         }
         int pre = -1;
         double cost = 0;
         for (int x = 0; x <= 3; ++x) {
           if ((x & ~allowed) != 0 || (pc.required & allowed & ~x) != 0) continue;
-          const double c = gemm - main_loop * kPreconvertSaving[x] + PassUnits(p, x);
+          const double c = gemm - main_loop * kPreconvertSaving[x] + pass_units[x];
           if (pre < 0 || c < cost) { pre = x; cost = c; }
         }
         // A candidate must be 2% cheaper than the best so far (the model's error), except a tail

@@ -952,9 +952,10 @@ struct UnitPos {
 // 1.29 waves, 14.6 us for a 4096^2 B, ncu), so each thread keeps two units' loads in flight
 // (13.9-14.0 us; four units need 128 registers and gain nothing more; session 15). At 8192^2 the
 // pass moves its 203 MB at ~3.6 TB/s, the rate of a bare read-1-write-2 kernel on an H200 and
-// within ~2% of a plain copy's (harness `ceiling`, session 18): the DRAM ceiling of its traffic. Other grid shapes
-// (build.sh OUT -DJGA_PRECONVERT_UNITS=1 -DJGA_PRECONVERT_THREADS=512) and a grid-stride loop that
-// loads the next unit before storing the current one measured within +-4% of this (session 18).
+// within ~2% of a plain copy's (harness `ceiling`, session 18): the DRAM ceiling of its traffic.
+// Other grid shapes (build.sh OUT -DJGA_PRECONVERT_UNITS=1 -DJGA_PRECONVERT_THREADS=512) and a
+// grid-stride loop that loads the next unit before storing the current one read -3% to +2% of
+// this at 8192^3 (the loop held to 64 registers spilled and lost 18%; session 18).
 #ifdef JGA_PRECONVERT_UNITS
 constexpr int kPreconvertUnitsPerThread = JGA_PRECONVERT_UNITS;
 #else

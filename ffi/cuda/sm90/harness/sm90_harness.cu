@@ -293,7 +293,6 @@ static DevBufs Upload(const HostProblem& hp) {
 // split factor, enough for any plan. One allocation, grown as needed.
 static void* g_ws = nullptr;
 static size_t g_ws_bytes = 0;
-static size_t g_ws_offered = 0;  // the workspace bytes the last launch was given
 // Environment overrides for sweeps (any mode; unset: the options as given).
 static sm90::LaunchOptions WithEnvOverrides(sm90::LaunchOptions o) {
   static const int bonus = [] { const char* e = getenv("JGA_SPLIT_BONUS"); return e ? atoi(e) : -1; }();
@@ -303,26 +302,31 @@ static sm90::LaunchOptions WithEnvOverrides(sm90::LaunchOptions o) {
   return o;
 }
 
-static cudaError_t LaunchH(const GemmAmaxProblem& p, const GemmAmaxBuffers& b, const sm90::LaunchOptions& opt) {
-  const sm90::LaunchOptions o = WithEnvOverrides(opt);
+// The workspace a launch with options `o` (overrides applied) is given. Forced copies go after the
+// split-K area (split plans may take A' too).
+static size_t WorkspaceFor(const GemmAmaxProblem& p, const sm90::LaunchOptions& o) {
   const size_t any_plan = static_cast<size_t>(sm90::kMaxSplits) * ((p.m + 255) / 256 * 256) * ((p.n + 127) / 128 * 128) *
                           p.batch * 4 + 1024 * 1024;
   const size_t copies = (o.preconvert_b == 1 ? sm90::PreconvertedBBytes(p) : 0) + (o.preconvert_a == 1 ? sm90::PreconvertedABytes(p) : 0);
-  // Forced copies go after the split-K area (split plans may take A' too).
-  const size_t want = o.force_splits > 1 ? any_plan + copies : std::max(sm90::WorkspaceBytes(p), sm90::WorkspaceBytes(p, false) + copies);
+  return o.force_splits > 1 ? any_plan + copies : std::max(sm90::WorkspaceBytes(p), sm90::WorkspaceBytes(p, false) + copies);
+}
+
+static cudaError_t LaunchH(const GemmAmaxProblem& p, const GemmAmaxBuffers& b, const sm90::LaunchOptions& opt) {
+  const sm90::LaunchOptions o = WithEnvOverrides(opt);
+  const size_t want = WorkspaceFor(p, o);
   if (want > g_ws_bytes) {
     cudaFree(g_ws);
     CK(cudaMalloc(&g_ws, want));
     CK(cudaMemset(g_ws, 0xFF, want));  // poisoned from the start (see RunAndCheck)
     g_ws_bytes = want;
   }
-  g_ws_offered = want;
   return sm90::LaunchWithOptions(p, b, want > 0 ? g_ws : nullptr, want, 0, o);
 }
-// The plan the last LaunchH with these options ran (its workspace, the environment overrides).
+// The plan LaunchH runs with these options (its workspace, the environment overrides).
 static sm90::PlanInfo PlanH(const GemmAmaxProblem& p, const sm90::LaunchOptions& opt) {
+  const sm90::LaunchOptions o = WithEnvOverrides(opt);
   sm90::PlanInfo plan;
-  CK(sm90::PlanFor(p, g_ws_offered, WithEnvOverrides(opt), &plan));
+  CK(sm90::PlanFor(p, WorkspaceFor(p, o), o, &plan));
   return plan;
 }
 
@@ -864,7 +868,6 @@ static void Turns(int64_t M, int64_t N, int64_t K, int iters, const std::vector<
   const std::vector<double> ms = MedianMsTakingTurns(launches, iters);
   printf("turns %lldx%lldx%lld %s:", (long long)M, (long long)N, (long long)K, TimedCombo().name);
   for (size_t c = 0; c < opts.size(); ++c) {
-    CK(LaunchH(p, Bufs(d), opts[c]));  // PlanH reads the workspace of the last launch: this configuration's
     const sm90::PlanInfo plan = PlanH(p, opts[c]);
     printf("  %s=%.1f (%d/%d/%d%s%s)", cfgs[c].c_str(), 2.0 * M * N * K / (ms[c] * 1e-3) / 1e12, plan.tile_m,
            plan.splits, plan.whole_tiles, plan.preconvert_a || plan.preconvert_b ? "+" : "",

@@ -844,22 +844,23 @@ static void OneConfig(int64_t M, int64_t N, int64_t K, int tile, int flags, int 
 }
 
 // Configurations of one problem timed taking turns (MedianMsTakingTurns): the way to compare plans.
-// Each configuration is TILE:SPLITS:PRE[:WHOLE] (0 / 0 / -1 / -1: the heuristic's; WHOLE: tiles run
+// Each configuration is TILE:SPLITS:PRE[:WHOLE[:FLAGS]] (0 / 0 / -1 / -1: the heuristic's; WHOLE: tiles run
 // unsplit before the split ones, with SPLITS > 1).
 static void Turns(int64_t M, int64_t N, int64_t K, int iters, const std::vector<std::string>& cfgs) {
   DevBufs d;
   const GemmAmaxProblem p = RandomProblem(M, N, K, d);
   std::vector<sm90::LaunchOptions> opts;
   for (const std::string& c : cfgs) {
-    int tile = 0, splits = 0, pre = -1, whole = -1;
-    if (sscanf(c.c_str(), "%d:%d:%d:%d", &tile, &splits, &pre, &whole) < 1) {
-      fprintf(stderr, "bad configuration '%s' (want TILE:SPLITS:PRE[:WHOLE])\n", c.c_str());
+    int tile = 0, splits = 0, pre = -1, whole = -1, flags = 0;
+    if (sscanf(c.c_str(), "%d:%d:%d:%d:%d", &tile, &splits, &pre, &whole, &flags) < 1) {
+      fprintf(stderr, "bad configuration '%s' (want TILE:SPLITS:PRE[:WHOLE[:FLAGS]])\n", c.c_str());
       exit(2);
     }
     sm90::LaunchOptions o;
     o.force_tile_m = tile;
     o.force_splits = splits;
     o.force_whole_tiles = whole;
+    o.experiment_flags = flags;
     SetPre(o, pre);
     opts.push_back(o);
   }
@@ -1019,7 +1020,7 @@ int main(int argc, char** argv) {
               argc > 8 ? atoi(argv[8]) : -1);
     return 0;
   }
-  if (mode == "turns") {  // turns M N K iters TILE:SPLITS:PRE[:WHOLE]...: configurations taking turns
+  if (mode == "turns") {  // turns M N K iters TILE:SPLITS:PRE[:WHOLE[:FLAGS]]...: configurations taking turns
     if (argc < 7) return 2;
     Turns(atoll(argv[2]), atoll(argv[3]), atoll(argv[4]), atoi(argv[5]), std::vector<std::string>(argv + 6, argv + argc));
     return 0;
@@ -1033,6 +1034,6 @@ int main(int argc, char** argv) {
     Bench(argc > 2 ? atoi(argv[2]) : 30, ParseShapes(argc > 3 ? argv[3] : nullptr));
     return 0;
   }
-  fprintf(stderr, "usage: %s [test|small|bench [iters [MxNxK[xL],...]]|one M N K tile flags iters [pre: -1 auto, bits 1 B, 2 A]|turns M N K iters TILE:SPLITS:PRE[:WHOLE]...|hostcost M N K|ceiling BYTES iters|exp] (timing modes: env JGA_COMBO=0..4 picks the operand format, 2 mxfp4, 4 nvfp4)\n", argv[0]);
+  fprintf(stderr, "usage: %s [test|small|bench [iters [MxNxK[xL],...]]|one M N K tile flags iters [pre: -1 auto, bits 1 B, 2 A]|turns M N K iters TILE:SPLITS:PRE[:WHOLE[:FLAGS]]...|hostcost M N K|ceiling BYTES iters|exp] (timing modes: env JGA_COMBO=0..4 picks the operand format, 2 mxfp4, 4 nvfp4)\n", argv[0]);
   return 2;
 }

@@ -10,6 +10,7 @@ import pytest
 import jax_gemm_amax as jga
 from jax_gemm_amax import _ffi
 from jax_gemm_amax.primitive import _cuda_workspace_bytes
+from sm90_plans import lowering_plan
 
 E4M3, E8M0 = jnp.float8_e4m3fn, jnp.float8_e8m0fnu
 
@@ -125,7 +126,6 @@ def test_byte_scales_lower_like_e8m0(scale_dtype):
 def test_h200_plans(m, n, k, plan):
     # The SM90 planner's pick on a 132-SM H200 with the workspace the lowering asks for (host
     # arithmetic): the plans the benchmarks measured, so that a planner change shows up here first.
-    info = _ffi.sm90_plan(1, m, n, k, E4M3, E8M0, 32, _cuda_workspace_bytes(1, m, n, k, E4M3, E8M0, 32), sms=132)
-    pre = ("A" if info["preconvert_a"] else "") + ("B" if info["preconvert_b"] else "")
+    info, pre = lowering_plan((1, m, n, k, E4M3, E8M0, 32), sms=132)
     got = f"{info['tile_m']}/{info['splits']}/{info['whole_tiles']}" + (f"+{pre}" if pre else "")
     assert got == plan

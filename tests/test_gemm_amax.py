@@ -12,7 +12,7 @@ import pytest
 import jax_gemm_amax as jga
 import npref
 from jax_gemm_amax import _ffi
-from jax_gemm_amax.primitive import _cuda_workspace_bytes
+from sm90_plans import lowering_plan
 
 E8M0 = ml_dtypes.float8_e8m0fnu
 E4M3 = ml_dtypes.float8_e4m3fn
@@ -261,9 +261,7 @@ PRECONVERT_IDS = ["B", "A", "AB", "AB-long-K", "A-split-K"]
 
 def _sm90_plan_kind(fmt, m, n, k, sms=0):
     f = jga.FORMATS[fmt]
-    problem = (1, m, n, k, f.value_dtype, f.scale_dtype, f.sf_vec_size)
-    plan = _ffi.sm90_plan(*problem, _cuda_workspace_bytes(*problem), sms=sms)
-    pre = ("A" if plan["preconvert_a"] else "") + ("B" if plan["preconvert_b"] else "")
+    plan, pre = lowering_plan((1, m, n, k, f.value_dtype, f.scale_dtype, f.sf_vec_size), sms=sms)
     return plan, (pre, plan["splits"] > 1)
 
 

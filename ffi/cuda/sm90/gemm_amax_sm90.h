@@ -61,7 +61,7 @@ constexpr int kSplitReducerBonusUnits = 4;
 // Testing / benchmarking knobs (not part of the product API).
 constexpr int kTraceSlots = 28;  // LaunchOptions::trace counters (sm90_kernel.cuh TraceSlot)
 struct LaunchOptions {
-  bool skip_amax = false;  // leave amax untouched (measures the reduction's cost)
+  bool skip_amax = false;  // leave amax untouched: no reset, no flush (each thread's running maximum still runs)
   int force_tile_m = 0;    // 0: heuristic; 128 or 256 forces the CTA tile height
   int force_splits = 0;    // 0: heuristic; >= 1 forces the split-K factor (capped at the K slabs)
   int force_whole_tiles = -1;  // with force_splits > 1: this many tiles run unsplit first (< tiles)

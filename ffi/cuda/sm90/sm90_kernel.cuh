@@ -170,7 +170,7 @@ constexpr bool kExperiments = true;
 constexpr bool kExperiments = false;
 #endif
 __device__ __forceinline__ bool Experiment(const KParams& p, int flag) { return kExperiments && (p.flags & flag) != 0; }
-constexpr int kFlagNoAmax = 1;
+constexpr int kFlagNoAmax = 1;  // no amax flush (LaunchOptions::skip_amax); the per-element maximum still runs
 constexpr int kFlagNoMma = 2;    // experiment: consumers skip WGMMA (wrong results)
 constexpr int kFlagNoConvB = 4;  // experiment: converter skips B conversion (wrong results)
 constexpr int kFlagNoConvA = 8;  // experiment: consumers skip A conversion (wrong results)

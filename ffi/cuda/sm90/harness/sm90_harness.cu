@@ -675,7 +675,7 @@ static std::vector<Shape> ParseShapes(const char* list) {
 }
 
 static void Bench(int iters, const std::vector<Shape>& shapes) {
-  printf("%-20s %12s %12s %12s %12s %12s %12s %12s %12s %12s %12s %10s %s\n", "MxNxK", "plan t/s/w", "TF/s", "TF/s noamax", "TF/s t128",
+  printf("%-20s %12s %12s %12s %12s %12s %12s %12s %12s %12s %12s %10s %s\n", "MxNxK", "plan t/s/w", "TF/s", "TF/s noflush", "TF/s t128",
          "TF/s t256", "TF/s nosplit", "TF/s noPre", "TF/s PreB", "TF/s PreA", "TF/s PreAB", "cuBLASbf16", "check");
   for (const Shape& s : shapes) {
     DevBufs d;

@@ -374,8 +374,13 @@ cudaError_t LaunchWithOptions(const GemmAmaxProblem& p, const GemmAmaxBuffers& b
   const int mi = plan.mi;
 
   LaunchCtx ctx;
+  // Experiment: an unsplit A'B' plan as the ping-pong kernel (tiles of 128 rows, one per consumer
+  // warpgroup; kPingPong in sm90_kernel.cuh).
+  const bool pingpong = kExperiments && (opt.experiment_flags & kFlagPingPong) && mi == 2 && plan.splits == 1 &&
+                        pre == (kPreA | kPreB);
+  const int tile_rows = pingpong ? 128 : 128 * mi;
   const uint64_t kbytes = static_cast<uint64_t>(p.operand_row_bytes());
-  const uint32_t box_a = std::min(128 * mi / kAShare, kBoxRows), box_b = std::min(128, kBoxRows);
+  const uint32_t box_a = std::min(tile_rows / kAShare, kBoxRows), box_b = std::min(128, kBoxRows);
   // The operands as codes, or (pre-converted) as BF16 units of 128 bytes in the workspace: B' at
   // its start (after the split-K counters and partials, if any), A' after it.
   uint8_t* const b_conv = static_cast<uint8_t*>(workspace) + plan.split_bytes;
@@ -406,7 +411,7 @@ cudaError_t LaunchWithOptions(const GemmAmaxProblem& p, const GemmAmaxBuffers& b
   k.c_aligned16 = (reinterpret_cast<uintptr_t>(buf.c) % 16 == 0 && p.c_row_bytes() % 16 == 0) ? 1 : 0;
   k.flags = (opt.skip_amax ? kFlagNoAmax : 0) | (opt.experiment_flags & ~kFlagNoAmax);
   k.trace = opt.trace;
-  k.tiles_m = static_cast<int>(CeilDiv(p.m, 128 * mi));
+  k.tiles_m = static_cast<int>(CeilDiv(p.m, tile_rows));
   k.tiles_n = static_cast<int>(CeilDiv(CeilDiv(p.n, 128), kCluster));
   k.tiles_per_batch = k.tiles_m * k.tiles_n;
   k.tiles_total = k.tiles_per_batch * k.l;
@@ -423,7 +428,7 @@ cudaError_t LaunchWithOptions(const GemmAmaxProblem& p, const GemmAmaxBuffers& b
   k.partials = plan.splits > 1 ? reinterpret_cast<float*>(static_cast<uint8_t*>(workspace) + plan.ready_bytes) : nullptr;
   ctx.grid = std::min(k.units_total, sms / kCluster) * kCluster;
   ctx.mi = mi;
-  ctx.pre = pre;
+  ctx.pre = pre | (pingpong ? kPingPong : 0);
   if (pre & kPreB) ctx.pre_b = PreconvertPass(p, buf.b, buf.sfb, k.sfb_batch_stride, p.n, false, b_conv);
   if (pre & kPreA) ctx.pre_a = PreconvertPass(p, buf.a, buf.sfa, k.sfa_batch_stride, p.m, true, a_conv);
   ctx.device = dev;

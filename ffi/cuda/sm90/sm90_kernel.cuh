@@ -182,6 +182,7 @@ constexpr int kFlagHalfConvB = 512;  // experiment: converter rows 64-127 skip t
 constexpr int kFlagHalfPreA = 1024;  // experiment: only the first half of each pre-converted A unit's rows is loaded (wrong results)
 constexpr int kFlagPassesOnly = 2048;  // experiment: only the pre-conversion passes run (no reset, no GEMM): to time them
 constexpr int kFlagNoCStores = 4096;  // experiment: the staged epilogue skips only its global stores (wrong results)
+constexpr int kFlagPingPong = 32768;  // experiment (host): an unsplit A'B' plan runs the ping-pong kernel (kPingPong)
 constexpr int kBN = 128;
 // Epilogue staging buffer of each of the 8 consumer warps (see Epilogue).
 constexpr int kStageBytesPerWarp = 1024;
@@ -190,12 +191,18 @@ constexpr int kStageBytesPerWarp = 1024;
 // pre-converted operand arrives by TMA straight into a ring of BF16 unit buffers (B: the converter's
 // buffers, A: buffers the consumers read with SS WGMMAs); the raw stages hold only what is still
 // converted in the kernel, which leaves room for deeper rings.
-constexpr int kPreB = 1, kPreA = 2;
+// kPingPong (with kPreA | kPreB only; branch pingpong, an experiment): each consumer warpgroup owns
+// a tile of 64 * MI rows and the CTA's tiles go to the two warpgroups alternately; their main loops
+// take turns (an order barrier pair), so one warpgroup's MMAs run while the other's epilogue does.
+// One ring of units in tile order: a stage holds one warpgroup's A' rows and the B' tile.
+constexpr int kPreB = 1, kPreA = 2, kPingPong = 4;
 template <int V, int MI, int kPre = 0>
 struct Smem {
   using Tr = VariantTraits<V>;
   static constexpr bool kPreconvertedA = (kPre & kPreA) != 0, kPreconvertedB = (kPre & kPreB) != 0;
-  static constexpr int kBM = 128 * MI;
+  static constexpr bool kPingPongTiles = (kPre & kPingPong) != 0;
+  static_assert(!kPingPongTiles || (kPreconvertedA && kPreconvertedB && MI == 2), "ping-pong: A'B' tile 256 kernel only");
+  static constexpr int kBM = kPingPongTiles ? 64 * MI : 128 * MI;  // rows of a tile (ping-pong: a warpgroup's)
   static constexpr int kRawStages = (kPreconvertedA && kPreconvertedB) ? 0
                                     : kPreconvertedB                  ? 4
                                     : kPreconvertedA                  ? 3
@@ -204,13 +211,14 @@ struct Smem {
   static constexpr int kRawB = kPreconvertedB ? 0 : kBN * 128;
   static constexpr int kBufB = kBN * 128;  // bf16 B of one 64-K unit: 128 rows x 128 bytes
   static constexpr int kBufA = kPreconvertedA ? kBM * 128 : 0;  // bf16 A of one 64-K unit
-  static constexpr int kAStages = kPreconvertedA ? (kPreconvertedB ? 4 : 3) : 0;
+  static constexpr int kAStages = kPingPongTiles ? 6 : kPreconvertedA ? (kPreconvertedB ? 4 : 3) : 0;
   static constexpr int kSfA = kPreconvertedA ? 0 : MI * Tr::kScaleBlocksPerSlab * 512;
   static constexpr int kSfB = kPreconvertedB ? 0 : Tr::kScaleBlocksPerSlab * 512;
   static constexpr int kRawBytes = kRawStages * (kRawA + kRawB + kSfA + kSfB);
   static constexpr int kFixedBytes = 1024 + 256 + 8 * kStageBytesPerWarp;  // alignment slack, barriers, epilogue
   static constexpr int kUsed = kRawBytes + kAStages * kBufA + kFixedBytes;
-  static constexpr int kBStages = (kPreconvertedB && kUsed + 5 * kBufB <= 227 * 1024) ? 5
+  static constexpr int kBStages = kPingPongTiles ? kAStages
+                                  : (kPreconvertedB && kUsed + 5 * kBufB <= 227 * 1024) ? 5
                                   : (kUsed + 4 * kBufB <= 227 * 1024)                 ? 4
                                                                                       : 3;
   static constexpr int kOffRawA = 0;
@@ -220,7 +228,7 @@ struct Smem {
   static constexpr int kOffSfA = kOffBufA + kAStages * kBufA;
   static constexpr int kOffSfB = kOffSfA + kRawStages * kSfA;
   static constexpr int kOffBar = kOffSfB + kRawStages * kSfB;
-  static constexpr int kNumBars = 2 * (kRawStages + kBStages + kAStages);
+  static constexpr int kNumBars = 2 * (kRawStages + kBStages + kAStages) + 2;  // + the ping-pong order pair
   static constexpr int kOffStage = (kOffBar + kNumBars * 8 + 127) / 128 * 128;  // epilogue staging, 1 KB per consumer warp
   static constexpr int kBytes = kOffStage + 8 * kStageBytesPerWarp;
   static constexpr int kDynBytes = kBytes + 1024;  // slack for 1024-byte alignment
@@ -1073,6 +1081,7 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
   const uint32_t bar_empty_b = bar_full_b + 8 * kBStages;
   const uint32_t bar_full_a = bar_empty_b + 8 * kBStages;  // pre-converted A only
   const uint32_t bar_empty_a = bar_full_a + 8 * kAStages;
+  const uint32_t bar_order = bar_empty_a + 8 * kAStages;  // ping-pong: warpgroup w's turn, w = 0, 1
 
   // Broadcast from lane 0 so that ptxas can prove the role branches warp-uniform: WGMMA inside a
   // path it considers divergent gets serialized (a wait after every instruction, ptxas C7518).
@@ -1089,13 +1098,19 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
       // the warps that read the stage: consumers (A codes), converters (B codes)
       MbarInit(bar_empty_raw + 8 * s, ((kPreconvertedA ? 0 : 8) + (kPreconvertedB ? 0 : 4 * R::kConverterWGs)) * kAShare);
     }
+    constexpr int kReaders = S::kPingPongTiles ? 4 : 8;  // consumer warps that read a stage
     for (int s = 0; s < kAStages; ++s) {
       MbarInit(bar_full_a + 8 * s, 1);  // the producer's arrive (+ TMA bytes)
-      MbarInit(bar_empty_a + 8 * s, 8);  // the consumer warps
+      MbarInit(bar_empty_a + 8 * s, kReaders);
     }
     for (int s = 0; s < kBStages; ++s) {
       MbarInit(bar_full_b + 8 * s, kPreconvertedB ? 1 : 4);  // the producer's arrive (+ TMA bytes), or the converter warps
-      MbarInit(bar_empty_b + 8 * s, 8);
+      MbarInit(bar_empty_b + 8 * s, kReaders);
+    }
+    if constexpr (S::kPingPongTiles) {
+      MbarInit(bar_order, 1);
+      MbarInit(bar_order + 8, 1);
+      MbarArriveIf(bar_order, true);  // warpgroup 0's first main loop may start
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -1373,9 +1388,23 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
 #define JGA_TRACE_FIRST_DATA()
 #endif
 
-    for (int u = cluster_id; u < p.units_total; u += num_clusters) {
+    // Ping-pong: this warpgroup takes every other tile of the CTA, and the ring positions of the
+    // other warpgroup's tiles (whole tiles, all of K) are skipped.
+    constexpr bool kPP = S::kPingPongTiles;
+    const int units_per_tile = p.num_kslabs * kUPS;
+    auto skip_units = [&](int n) {
+      const int ai = a_stage + n, bi = b_stage + n;
+      a_phase ^= (ai / kAStages) & 1;
+      a_stage = ai % kAStages;
+      b_phase ^= (bi / kBStages) & 1;
+      b_stage = bi % kBStages;
+    };
+    int pp_turns = 0;  // ping-pong: this warpgroup's main loops so far (the order barrier's parity)
+    if (kPP && wg == 1) skip_units(units_per_tile);
+    for (int u = cluster_id + (kPP ? wg * num_clusters : 0); u < p.units_total; u += (kPP ? 2 : 1) * num_clusters) {
       const WorkUnit wu = DecodeUnit<kSplitK>(p, u);
       const TileCoord tc = DecodeTile(p, wu.tile);
+      if constexpr (kPP) MbarWait(bar_order + 8 * wg, pp_turns & 1);  // the other warpgroup's main loop is issued
       if (tc.l != cur_l) {
         if (cur_l >= 0 && do_amax) FlushAmax(amax_run, p.amax, cur_l);
         amax_run = 0.0f;
@@ -1401,7 +1430,7 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
             tr.Stop(kTrConsWaitFullB);
             JGA_TRACE_FIRST_DATA();
             const uint64_t desc_b = SmemDesc128B(smem + S::kOffBufB + b_stage * S::kBufB);
-            const uint32_t buf_a = smem + S::kOffBufA + a_stage * S::kBufA + wg * (64 * MI) * 128;
+            const uint32_t buf_a = smem + S::kOffBufA + a_stage * S::kBufA + (kPP ? 0 : wg * (64 * MI) * 128);
             if (do_mma) {
 #pragma unroll
               for (int mi = 0; mi < MI; ++mi) FenceOperand(acc[mi]);
@@ -1581,6 +1610,10 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
         }
         if (++r_stage == kRawStages) { r_stage = 0; r_phase ^= 1; }
       }
+      if constexpr (kPP) {  // this tile's MMAs are issued: the other warpgroup's turn
+        MbarArriveIf(bar_order + 8 * (wg ^ 1), threadIdx.x % 128 == 0);
+        ++pp_turns;
+      }
       // Drain the pipeline before the accumulators are read.
       WgmmaWait<0>();
 #pragma unroll
@@ -1616,7 +1649,7 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
       // ---- epilogue: one straight-line path per output dtype (switch once per tile) ----
       tr.Start();
       if (!Experiment(p, kFlagNoEpilogue)) {
-        const int row_w = tc.mt * kBM + wg * 64 * MI + warp * 16;
+        const int row_w = tc.mt * kBM + (kPP ? 0 : wg * 64 * MI) + warp * 16;
         const int col_t = (tc.nt * kCluster + rank) * kBN;
         const bool full = (tc.mt * kBM + kBM <= p.m) && (col_t + kBN <= p.n);
         const uint32_t stage = smem + S::kOffStage + (warp_idx - R::kFirstConsumerWarp) * kStageBytesPerWarp;
@@ -1633,6 +1666,7 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
         }
       }
       tr.Stop(kTrConsEpilogue);
+      if constexpr (kPP) skip_units(units_per_tile);  // the other warpgroup's next tile
     }
     if (cur_l >= 0 && do_amax) FlushAmax(amax_run, p.amax, cur_l);
 #undef JGA_TRACE_FIRST_DATA

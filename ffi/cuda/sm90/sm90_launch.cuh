@@ -32,7 +32,7 @@ struct LaunchCtx {
 // kind: 0 the plain kernel, 1 split-K, 1 + kPre with pre-converted operands (2-4), 5 split-K with
 // pre-converted A.
 constexpr int kMaxDevices = 64;
-constexpr int kKernelKinds = 6;
+constexpr int kKernelKinds = 9;  // up to 1 + (kPreA | kPreB | kPingPong)
 int& MaxActiveClusters(int device, int variant, int mi, int kind);
 constexpr int KernelKind(bool split_k, int pre) { return split_k ? (pre != 0 ? 5 : 1) : pre != 0 ? 1 + pre : 0; }
 
@@ -98,6 +98,9 @@ cudaError_t ConfigureKernels() {
     if (err == cudaSuccess) err = ConfigureKernel<V, MI, false, kPreA>();
     if (err == cudaSuccess) err = ConfigureKernel<V, MI, false, kPreA | kPreB>();
     if (err == cudaSuccess) err = ConfigureKernel<V, MI, true, kPreA>();
+    if constexpr (kExperiments) {
+      if (err == cudaSuccess) err = ConfigureKernel<V, MI, false, kPreA | kPreB | kPingPong>();
+    }
   }
   return err;
 }
@@ -149,6 +152,9 @@ cudaError_t LaunchVariantMI(const LaunchCtx& ctx) {
       switch (ctx.pre) {
         case kPreB: return LaunchKernel<V, 2, false, kPreB>(ctx, true);
         case kPreA: return LaunchKernel<V, 2, false, kPreA>(ctx, true);
+        case kPreA | kPreB | kPingPong:
+          if constexpr (kExperiments) return LaunchKernel<V, 2, false, kPreA | kPreB | kPingPong>(ctx, true);
+          return cudaErrorInvalidConfiguration;
         default: return LaunchKernel<V, 2, false, kPreA | kPreB>(ctx, true);
       }
     }

@@ -380,6 +380,8 @@ static bool RunAndCheck(HostProblem& hp, const Ref& ref, OutputType ct, int forc
   opt.force_splits = force_splits;
   opt.force_whole_tiles = force_whole_tiles;
   SetPre(opt, pre);
+  // Experiment flags that pick a kernel on the host (kFlagPingPong) for every checked launch.
+  if (const char* e = getenv("JGA_EXPERIMENT_FLAGS")) opt.experiment_flags = atoi(e);
   // Poisoned workspace: split-K counters that were not reset would read as "all partials ready".
   if (g_ws != nullptr) CK(cudaMemset(g_ws, 0xFF, g_ws_bytes));
   CK(LaunchH(p, Bufs(d), opt));
@@ -481,6 +483,14 @@ static void TestAll() {
       RunAndCheck(hp, ref, OutputType::kF32, 128, "L=2 M=1000 N=1040 K=1024");
       RunAndCheck(hp, ref, OutputType::kBF16, 256, "L=2 M=1000 N=1040 K=1024");
       for (int pre = 1; pre <= 3; ++pre) RunAndCheck(hp, ref, OutputType::kF32, 256, "L=2 M=1000 N=1040 K=1024", 1, -1, pre);
+    }
+    // Shape 4b: 2-3 tiles of 128 rows per CTA (270 in all), full and edge tiles, L = 3: with
+    // JGA_EXPERIMENT_FLAGS=32768 the A'B' launches run the ping-pong kernel, both warpgroups twice.
+    {
+      HostProblem hp = MakeProblem(cb, 3, 1100, 1200, 192, rng, 118, 136);
+      Ref ref = Reference(hp);
+      RunAndCheck(hp, ref, OutputType::kBF16, 256, "L=3 M=1100 N=1200 K=192", 1, -1, 3);
+      RunAndCheck(hp, ref, OutputType::kF32, 256, "L=3 M=1100 N=1200 K=192", 1, -1, 3);
     }
     // Shape 5: split-K forced (1-4 ranges of uneven slab counts, K tail), partial tiles, L=2.
     {

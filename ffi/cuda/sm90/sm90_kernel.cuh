@@ -528,11 +528,12 @@ __device__ __forceinline__ WorkUnit DecodeUnit(const KParams& p, int u) {
   w.slab_hi = w.split == p.splits - 1 ? p.num_kslabs : w.slab_lo + p.split_slabs;
   return w;
 }
+// G: m-tiles per group (ping-pong's 128-row tiles: 16, the rows of the cooperative kernel's 8).
+template <int G = 8>
 __device__ __forceinline__ TileCoord DecodeTile(const KParams& p, int tile) {
   TileCoord tc;
   tc.l = tile / p.tiles_per_batch;
   const int rem = tile - tc.l * p.tiles_per_batch;
-  constexpr int G = 8;
   const int group_span = G * p.tiles_n;
   const int grp = rem / group_span;
   const int first_m = grp * G;
@@ -1150,7 +1151,7 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
       int stage = 0, phase = 0;
       for (int u = cluster_id; u < p.units_total; u += num_clusters) {
         const WorkUnit wu = DecodeUnit<kSplitK>(p, u);
-        const TileCoord pc = DecodeTile(p, wu.tile);
+        const TileCoord pc = DecodeTile<S::kPingPongTiles ? 16 : 8>(p, wu.tile);
         const int my_nt = pc.nt * kCluster + rank;
         for (int slab = wu.slab_lo; slab < wu.slab_hi; ++slab) {
           JGA_TRACE_FIRST_ISSUE(kTrProducerDecoded);
@@ -1219,7 +1220,7 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
       WaitForPrecedingGrids();
       for (int u = cluster_id; u < p.units_total; u += num_clusters) {
         const WorkUnit wu = DecodeUnit<kSplitK>(p, u);
-        const TileCoord pc = DecodeTile(p, wu.tile);
+        const TileCoord pc = DecodeTile<S::kPingPongTiles ? 16 : 8>(p, wu.tile);
         const int my_nt = pc.nt * kCluster + rank;
         for (int slab = wu.slab_lo; slab < wu.slab_hi; ++slab) {
 #pragma unroll 1
@@ -1403,7 +1404,7 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
     if (kPP && wg == 1) skip_units(units_per_tile);
     for (int u = cluster_id + (kPP ? wg * num_clusters : 0); u < p.units_total; u += (kPP ? 2 : 1) * num_clusters) {
       const WorkUnit wu = DecodeUnit<kSplitK>(p, u);
-      const TileCoord tc = DecodeTile(p, wu.tile);
+      const TileCoord tc = DecodeTile<S::kPingPongTiles ? 16 : 8>(p, wu.tile);
       if constexpr (kPP) MbarWait(bar_order + 8 * wg, pp_turns & 1);  // the other warpgroup's main loop is issued
       if (tc.l != cur_l) {
         if (cur_l >= 0 && do_amax) FlushAmax(amax_run, p.amax, cur_l);

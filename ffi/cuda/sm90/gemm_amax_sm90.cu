@@ -351,6 +351,15 @@ PreconvertParams PreconvertPass(const GemmAmaxProblem& p, const void* codes, con
 }
 }  // namespace
 
+// The kernel's kPre bits for a plan: its pre-converted operands and, in experiment builds, the
+// ping-pong kernel (kFlagPingPong; with kFlagPairedA in 2-CTA clusters) for an unsplit A'B' plan.
+static int KernelPre(const Plan& plan, int pre, const LaunchOptions& opt) {
+  if (!kExperiments || !(opt.experiment_flags & kFlagPingPong) || plan.mi != 2 || plan.splits != 1 ||
+      pre != (kPreA | kPreB))
+    return pre;
+  return pre | kPingPong | ((opt.experiment_flags & kFlagPairedA) ? kPairedA : 0);
+}
+
 cudaError_t LaunchWithOptions(const GemmAmaxProblem& p, const GemmAmaxBuffers& buf, void* workspace,
                               size_t workspace_bytes, cudaStream_t stream, const LaunchOptions& opt) {
   if (Unsupported(p) != nullptr) return cudaErrorInvalidValue;
@@ -374,13 +383,12 @@ cudaError_t LaunchWithOptions(const GemmAmaxProblem& p, const GemmAmaxBuffers& b
   const int mi = plan.mi;
 
   LaunchCtx ctx;
-  // Experiment: an unsplit A'B' plan as the ping-pong kernel (tiles of 128 rows, one per consumer
-  // warpgroup; kPingPong in sm90_kernel.cuh).
-  const bool pingpong = kExperiments && (opt.experiment_flags & kFlagPingPong) && mi == 2 && plan.splits == 1 &&
-                        pre == (kPreA | kPreB);
+  const int kernel_pre = KernelPre(plan, pre, opt);
+  const bool pingpong = (kernel_pre & kPingPong) != 0, paired = (kernel_pre & kPairedA) != 0;
+  const int cluster = paired ? 2 : kCluster;  // CTAs per cluster (along N)
   const int tile_rows = pingpong ? 128 : 128 * mi;
   const uint64_t kbytes = static_cast<uint64_t>(p.operand_row_bytes());
-  const uint32_t box_a = std::min(tile_rows / kAShare, kBoxRows), box_b = std::min(128, kBoxRows);
+  const uint32_t box_a = std::min(tile_rows / (paired ? 2 : kAShare), kBoxRows), box_b = std::min(128, kBoxRows);
   // The operands as codes, or (pre-converted) as BF16 units of 128 bytes in the workspace: B' at
   // its start (after the split-K counters and partials, if any), A' after it.
   uint8_t* const b_conv = static_cast<uint8_t*>(workspace) + plan.split_bytes;
@@ -412,7 +420,7 @@ cudaError_t LaunchWithOptions(const GemmAmaxProblem& p, const GemmAmaxBuffers& b
   k.flags = (opt.skip_amax ? kFlagNoAmax : 0) | (opt.experiment_flags & ~kFlagNoAmax);
   k.trace = opt.trace;
   k.tiles_m = static_cast<int>(CeilDiv(p.m, tile_rows));
-  k.tiles_n = static_cast<int>(CeilDiv(CeilDiv(p.n, 128), kCluster));
+  k.tiles_n = static_cast<int>(CeilDiv(CeilDiv(p.n, 128), cluster));
   k.tiles_per_batch = k.tiles_m * k.tiles_n;
   k.tiles_total = k.tiles_per_batch * k.l;
   k.splits = plan.splits;
@@ -426,9 +434,9 @@ cudaError_t LaunchWithOptions(const GemmAmaxProblem& p, const GemmAmaxBuffers& b
   k.units_total = k.whole_tiles + k.split_tiles * plan.splits;
   k.tile_ready = plan.splits > 1 ? static_cast<unsigned int*>(workspace) : nullptr;
   k.partials = plan.splits > 1 ? reinterpret_cast<float*>(static_cast<uint8_t*>(workspace) + plan.ready_bytes) : nullptr;
-  ctx.grid = std::min(k.units_total, sms / kCluster) * kCluster;
+  ctx.grid = std::min(k.units_total, sms / cluster) * cluster;
   ctx.mi = mi;
-  ctx.pre = pre | (pingpong ? kPingPong : 0);
+  ctx.pre = kernel_pre;
   if (pre & kPreB) ctx.pre_b = PreconvertPass(p, buf.b, buf.sfb, k.sfb_batch_stride, p.n, false, b_conv);
   if (pre & kPreA) ctx.pre_a = PreconvertPass(p, buf.a, buf.sfa, k.sfa_batch_stride, p.m, true, a_conv);
   ctx.device = dev;
@@ -492,7 +500,9 @@ cudaError_t PlanFor(const GemmAmaxProblem& p, size_t workspace_bytes, const Laun
   info->tile_m = 128 * plan.mi;
   info->splits = plan.splits;
   info->whole_tiles = plan.whole_tiles;
-  info->clusters = dev >= 0 && dev < kMaxDevices ? MaxActiveClusters(dev, VariantOf(p), plan.mi, KernelKind(plan.splits > 1, pre)) : 0;
+  info->clusters = dev >= 0 && dev < kMaxDevices
+                       ? MaxActiveClusters(dev, VariantOf(p), plan.mi, KernelKind(plan.splits > 1, KernelPre(plan, pre, opt)))
+                       : 0;
   return cudaSuccess;
 }
 

@@ -183,6 +183,7 @@ constexpr int kFlagHalfPreA = 1024;  // experiment: only the first half of each 
 constexpr int kFlagPassesOnly = 2048;  // experiment: only the pre-conversion passes run (no reset, no GEMM): to time them
 constexpr int kFlagNoCStores = 4096;  // experiment: the staged epilogue skips only its global stores (wrong results)
 constexpr int kFlagPingPong = 32768;  // experiment (host): an unsplit A'B' plan runs the ping-pong kernel (kPingPong)
+constexpr int kFlagPairedA = 65536;  // experiment (host): with kFlagPingPong, the 2-CTA-cluster kernel (kPairedA)
 constexpr int kBN = 128;
 // Epilogue staging buffer of each of the 8 consumer warps (see Epilogue).
 constexpr int kStageBytesPerWarp = 1024;
@@ -195,13 +196,20 @@ constexpr int kStageBytesPerWarp = 1024;
 // a tile of 64 * MI rows and the CTA's tiles go to the two warpgroups alternately; their main loops
 // take turns (an order barrier pair), so one warpgroup's MMAs run while the other's epilogue does.
 // One ring of units in tile order: a stage holds one warpgroup's A' rows and the B' tile.
-constexpr int kPreB = 1, kPreA = 2, kPingPong = 4;
+// kPairedA (with kPingPong): the CTAs run in clusters of 2 along N (adjacent n-tiles of one m-tile)
+// and each loads half of the A' rows, multicast to both, so that a CTA's L2->SM traffic per unit
+// is 8 + 16 KB instead of 16 + 16 (ping-pong's main loop is L2-bound without it: RESULTS.md
+// session 20, the half-A' experiment).
+constexpr int kPreB = 1, kPreA = 2, kPingPong = 4, kPairedA = 8;
 template <int V, int MI, int kPre = 0>
 struct Smem {
   using Tr = VariantTraits<V>;
   static constexpr bool kPreconvertedA = (kPre & kPreA) != 0, kPreconvertedB = (kPre & kPreB) != 0;
   static constexpr bool kPingPongTiles = (kPre & kPingPong) != 0;
   static_assert(!kPingPongTiles || (kPreconvertedA && kPreconvertedB && MI == 2), "ping-pong: A'B' tile 256 kernel only");
+  static constexpr bool kPairedTiles = (kPre & kPairedA) != 0;
+  static_assert(!kPairedTiles || kPingPongTiles, "paired A' multicast: ping-pong kernel only");
+  static constexpr int kClusterCTAs = kPairedTiles ? 2 : kCluster;  // CTAs per cluster (along N)
   static constexpr int kBM = kPingPongTiles ? 64 * MI : 128 * MI;  // rows of a tile (ping-pong: a warpgroup's)
   static constexpr int kRawStages = (kPreconvertedA && kPreconvertedB) ? 0
                                     : kPreconvertedB                  ? 4
@@ -317,12 +325,18 @@ __device__ __forceinline__ void TmaLoad3DMulticast(uint32_t dst, const CUtensorM
       "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "h"(cta_mask)
       : "memory");
 }
-// Arrives (if pred) on the mbarrier at offset `bar` in every CTA of the cluster (predicated, no
-// branch: see FlushAmax).
+// Arrives (if pred) on the mbarrier at offset `bar` in each of the cluster's first kCTAs CTAs
+// (predicated, no branch: see FlushAmax).
+// The arrive keeps the default .release.cta semantics: `.release.cluster` compiles to MEMBAR.ALL.GPU
+// + CCTL.IVALL per arrive, which waits for every memory operation of the thread in flight (the
+// epilogue's stores too): the paired ping-pong kernel ran at 217 against 572 TF/s with it (8192^3,
+// RESULTS.md session 20). The reads the arrive hands back are this CTA's completed WGMMA reads of its
+// own shared memory, which CTA scope orders (as CUTLASS's ClusterBarrier::arrive(cta_id)).
+template <int kCTAs = kAShare>
 __device__ __forceinline__ void MbarArriveClusterIf(uint32_t bar, bool pred) {
 #pragma unroll
-  for (int c = 0; c < kAShare; ++c) {
-    if constexpr (kAShare == 1) {
+  for (int c = 0; c < kCTAs; ++c) {
+    if constexpr (kCTAs == 1) {
       MbarArriveIf(bar, pred);
     } else {
       uint32_t remote;
@@ -331,19 +345,21 @@ __device__ __forceinline__ void MbarArriveClusterIf(uint32_t bar, bool pred) {
           "{\n"
           ".reg .pred p;\n"
           "setp.ne.u32 p, %1, 0;\n"
-          "@p mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n"
+          "@p mbarrier.arrive.shared::cluster.b64 _, [%0];\n"
           "}\n" ::"r"(remote),
           "r"(static_cast<uint32_t>(pred))
           : "memory");
     }
   }
 }
+template <int kCTAs = kCluster>
 __device__ __forceinline__ void ClusterSync() {
-  if constexpr (kCluster > 1) asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+  if constexpr (kCTAs > 1) asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
+template <int kCTAs = kCluster>
 __device__ __forceinline__ uint32_t ClusterCtaRank() {
   uint32_t r = 0;
-  if constexpr (kCluster > 1) asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  if constexpr (kCTAs > 1) asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
   return r;
 }
 __device__ __forceinline__ void BulkLoad(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
@@ -1067,6 +1083,8 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
   constexpr int kUPS = Tr::kUnitsPerSlab;
   constexpr int kNSB = Tr::kScaleBlocksPerSlab;
   using R = Roles<MI>;
+  constexpr int kCl = S::kClusterCTAs;
+  constexpr int kAReaderCTAs = S::kPairedTiles ? 2 : 1;  // CTAs whose consumers read an A' stage
 
 #ifdef JGA_SM90_TRACE
   const long long t_entry = clock64();
@@ -1102,7 +1120,7 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
     constexpr int kReaders = S::kPingPongTiles ? 4 : 8;  // consumer warps that read a stage
     for (int s = 0; s < kAStages; ++s) {
       MbarInit(bar_full_a + 8 * s, 1);  // the producer's arrive (+ TMA bytes)
-      MbarInit(bar_empty_a + 8 * s, kReaders);
+      MbarInit(bar_empty_a + 8 * s, kReaders * kAReaderCTAs);
     }
     for (int s = 0; s < kBStages; ++s) {
       MbarInit(bar_full_b + 8 * s, kPreconvertedB ? 1 : 4);  // the producer's arrive (+ TMA bytes), or the converter warps
@@ -1116,10 +1134,10 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
-  ClusterSync();  // the peers' barriers are initialized before any multicast or remote arrive
-  const int rank = static_cast<int>(ClusterCtaRank());
-  const int cluster_id = blockIdx.x / kCluster;
-  const int num_clusters = gridDim.x / kCluster;
+  ClusterSync<kCl>();  // the peers' barriers are initialized before any multicast or remote arrive
+  const int rank = static_cast<int>(ClusterCtaRank<kCl>());
+  const int cluster_id = blockIdx.x / kCl;
+  const int num_clusters = gridDim.x / kCl;
 
   if (warp_idx < 4) {
     // ======================= WG0: producer (warps 0 and 1) =======================
@@ -1136,7 +1154,7 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
     const bool issues_raw = kRawStages > 0 && warp_idx == 0;
     const bool issues_pre = kPre != 0 && warp_idx == 1;
     const bool lane0 = threadIdx.x % 32 == 0;
-    constexpr int kPartRows = kBM / kAShare;  // rows of the A slab this CTA loads for all
+    constexpr int kPartRows = kBM / (S::kPairedTiles ? 2 : kAShare);  // rows of the A slab this CTA loads for all
     constexpr int kBoxA = kPartRows < kBoxRows ? kPartRows : kBoxRows;  // as the host encodes
     constexpr int kBoxB = kBN < kBoxRows ? kBN : kBoxRows;
     if (issues_raw) {  // the codes (and scales) converted in this kernel
@@ -1152,7 +1170,7 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
       for (int u = cluster_id; u < p.units_total; u += num_clusters) {
         const WorkUnit wu = DecodeUnit<kSplitK>(p, u);
         const TileCoord pc = DecodeTile<S::kPingPongTiles ? 16 : 8>(p, wu.tile);
-        const int my_nt = pc.nt * kCluster + rank;
+        const int my_nt = pc.nt * kCl + rank;
         for (int slab = wu.slab_lo; slab < wu.slab_hi; ++slab) {
           JGA_TRACE_FIRST_ISSUE(kTrProducerDecoded);
           tr.Start();
@@ -1221,7 +1239,7 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
       for (int u = cluster_id; u < p.units_total; u += num_clusters) {
         const WorkUnit wu = DecodeUnit<kSplitK>(p, u);
         const TileCoord pc = DecodeTile<S::kPingPongTiles ? 16 : 8>(p, wu.tile);
-        const int my_nt = pc.nt * kCluster + rank;
+        const int my_nt = pc.nt * kCl + rank;
         for (int slab = wu.slab_lo; slab < wu.slab_hi; ++slab) {
 #pragma unroll 1
           for (int ui = 0; ui < kUPS; ++ui) {
@@ -1234,10 +1252,20 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
                 const uint32_t fba = bar_full_a + 8 * a_stage;
                 const bool half = Experiment(p, kFlagHalfPreA);
                 MbarArriveExpectTx(fba, half ? S::kBufA / 2 : S::kBufA);
+                if constexpr (S::kPairedTiles) {  // this CTA's half of the rows, into both CTAs
+                  constexpr int kHalf = kBM / 2;
 #pragma unroll
-                for (int bx = 0; bx < (half ? kBM / kBoxA / 2 : kBM / kBoxA); ++bx)
-                  TmaLoad3D(smem + S::kOffBufA + a_stage * S::kBufA + bx * kBoxA * 128, &tm_a, fba, k_byte,
-                            pc.mt * kBM + bx * kBoxA, pc.l);
+                  for (int bx = 0; bx < kHalf / kBoxA; ++bx) {
+                    const int r0 = rank * kHalf + bx * kBoxA;
+                    TmaLoad3DMulticast(smem + S::kOffBufA + a_stage * S::kBufA + r0 * 128, &tm_a, fba, k_byte,
+                                       pc.mt * kBM + r0, pc.l, static_cast<uint16_t>(3));
+                  }
+                } else {
+#pragma unroll
+                  for (int bx = 0; bx < (half ? kBM / kBoxA / 2 : kBM / kBoxA); ++bx)
+                    TmaLoad3D(smem + S::kOffBufA + a_stage * S::kBufA + bx * kBoxA * 128, &tm_a, fba, k_byte,
+                              pc.mt * kBM + bx * kBoxA, pc.l);
+                }
               }
               if (++a_stage == kAStages) { a_stage = 0; a_phase ^= 1; }
             }
@@ -1446,7 +1474,7 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
             }
             WgmmaWait<1>();  // retires the previous unit
             __syncwarp();
-            MbarArriveIf(bar_empty_a + 8 * inflight_a_stage, lane == 0 && inflight_a_stage >= 0);
+            MbarArriveClusterIf<kAReaderCTAs>(bar_empty_a + 8 * inflight_a_stage, lane == 0 && inflight_a_stage >= 0);
             MbarArriveIf(bar_empty_b + 8 * inflight_b_stage, lane == 0 && inflight_b_stage >= 0);
             inflight_a_stage = a_stage;
             inflight_b_stage = b_stage;
@@ -1625,7 +1653,7 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
       MbarArriveIf(bar_empty_b + 8 * inflight_b_stage, lane == 0 && inflight_b_stage >= 0);
       inflight_b_stage = -1;
       if constexpr (kPreconvertedA) {
-        MbarArriveIf(bar_empty_a + 8 * inflight_a_stage, lane == 0 && inflight_a_stage >= 0);
+        MbarArriveClusterIf<kAReaderCTAs>(bar_empty_a + 8 * inflight_a_stage, lane == 0 && inflight_a_stage >= 0);
         inflight_a_stage = -1;
       }
 
@@ -1651,7 +1679,7 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
       tr.Start();
       if (!Experiment(p, kFlagNoEpilogue)) {
         const int row_w = tc.mt * kBM + (kPP ? 0 : wg * 64 * MI) + warp * 16;
-        const int col_t = (tc.nt * kCluster + rank) * kBN;
+        const int col_t = (tc.nt * kCl + rank) * kBN;
         const bool full = (tc.mt * kBM + kBM <= p.m) && (col_t + kBN <= p.n);
         const uint32_t stage = smem + S::kOffStage + (warp_idx - R::kFirstConsumerWarp) * kStageBytesPerWarp;
         auto epilogue = [&](auto ct) {
@@ -1678,7 +1706,7 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
     tr.Flush(p.trace, threadIdx.x == 32 * R::kFirstConsumerWarp);
   }
   // No CTA may exit while a peer can still multicast into its shared memory or arrive on it.
-  ClusterSync();
+  ClusterSync<kCl>();
 }
 
 

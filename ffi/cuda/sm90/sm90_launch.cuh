@@ -32,7 +32,7 @@ struct LaunchCtx {
 // kind: 0 the plain kernel, 1 split-K, 1 + kPre with pre-converted operands (2-4), 5 split-K with
 // pre-converted A.
 constexpr int kMaxDevices = 64;
-constexpr int kKernelKinds = 9;  // up to 1 + (kPreA | kPreB | kPingPong)
+constexpr int kKernelKinds = 17;  // 0 .. 1 + (kPreA | kPreB | kPingPong | kPairedA)
 int& MaxActiveClusters(int device, int variant, int mi, int kind);
 constexpr int KernelKind(bool split_k, int pre) { return split_k ? (pre != 0 ? 5 : 1) : pre != 0 ? 1 + pre : 0; }
 
@@ -60,7 +60,7 @@ cudaLaunchConfig_t LaunchConfig(int grid, cudaStream_t stream, cudaLaunchAttribu
   cfg.dynamicSmemBytes = Smem<V, MI, kPre>::kDynBytes;
   cfg.stream = stream;
   attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = kCluster;
+  attr[0].val.clusterDim.x = Smem<V, MI, kPre>::kClusterCTAs;
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
   attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -80,7 +80,7 @@ cudaError_t ConfigureKernel() {
   err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return err;
   cudaLaunchAttribute attr[2];
-  const cudaLaunchConfig_t cfg = LaunchConfig<V, MI, kPre>(kCluster * 1024, nullptr, attr, false);
+  const cudaLaunchConfig_t cfg = LaunchConfig<V, MI, kPre>(S::kClusterCTAs * 1024, nullptr, attr, false);
   int clusters = 0;
   err = cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg);
   if (err != cudaSuccess) return err;
@@ -100,6 +100,7 @@ cudaError_t ConfigureKernels() {
     if (err == cudaSuccess) err = ConfigureKernel<V, MI, true, kPreA>();
     if constexpr (kExperiments) {
       if (err == cudaSuccess) err = ConfigureKernel<V, MI, false, kPreA | kPreB | kPingPong>();
+      if (err == cudaSuccess) err = ConfigureKernel<V, MI, false, kPreA | kPreB | kPingPong | kPairedA>();
     }
   }
   return err;
@@ -108,7 +109,7 @@ cudaError_t ConfigureKernels() {
 template <int V, int MI, bool kSplitK, int kPre = 0>
 cudaError_t LaunchKernel(const LaunchCtx& ctx, bool programmatic) {
   const int fit = ctx.device < kMaxDevices ? MaxActiveClusters(ctx.device, V, MI, KernelKind(kSplitK, kPre)) : 0;
-  const int grid = fit > 0 ? std::min(ctx.grid, fit * kCluster) : ctx.grid;
+  const int grid = fit > 0 ? std::min(ctx.grid, fit * Smem<V, MI, kPre>::kClusterCTAs) : ctx.grid;
   cudaLaunchAttribute attr[2];
   const cudaLaunchConfig_t cfg = LaunchConfig<V, MI, kPre>(grid, ctx.stream, attr, programmatic);
   return cudaLaunchKernelEx(&cfg, GemmAmaxKernel<V, MI, kSplitK, kPre>, ctx.tm_a, ctx.tm_b, ctx.params);
@@ -154,6 +155,9 @@ cudaError_t LaunchVariantMI(const LaunchCtx& ctx) {
         case kPreA: return LaunchKernel<V, 2, false, kPreA>(ctx, true);
         case kPreA | kPreB | kPingPong:
           if constexpr (kExperiments) return LaunchKernel<V, 2, false, kPreA | kPreB | kPingPong>(ctx, true);
+          return cudaErrorInvalidConfiguration;
+        case kPreA | kPreB | kPingPong | kPairedA:
+          if constexpr (kExperiments) return LaunchKernel<V, 2, false, kPreA | kPreB | kPingPong | kPairedA>(ctx, true);
           return cudaErrorInvalidConfiguration;
         default: return LaunchKernel<V, 2, false, kPreA | kPreB>(ctx, true);
       }

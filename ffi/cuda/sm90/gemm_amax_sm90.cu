@@ -351,13 +351,12 @@ PreconvertParams PreconvertPass(const GemmAmaxProblem& p, const void* codes, con
 }
 }  // namespace
 
-// The kernel's kPre bits for a plan: its pre-converted operands and, in experiment builds, the
-// ping-pong kernel (kFlagPingPong; with kFlagPairedA in 2-CTA clusters) for an unsplit A'B' plan.
+// The kernel's kPre bits for a plan: its pre-converted operands, and kPingPong for an unsplit A'B'
+// plan (the cooperative A'B' kernel only in experiment builds, for comparisons: kFlagCooperativeAB).
 static int KernelPre(const Plan& plan, int pre, const LaunchOptions& opt) {
-  if (!kExperiments || !(opt.experiment_flags & kFlagPingPong) || plan.mi != 2 || plan.splits != 1 ||
-      pre != (kPreA | kPreB))
-    return pre;
-  return pre | kPingPong | ((opt.experiment_flags & kFlagPairedA) ? kPairedA : 0);
+  if (plan.mi != 2 || plan.splits != 1 || pre != (kPreA | kPreB)) return pre;
+  if (kExperiments && (opt.experiment_flags & kFlagCooperativeAB)) return pre;
+  return pre | kPingPong;
 }
 
 cudaError_t LaunchWithOptions(const GemmAmaxProblem& p, const GemmAmaxBuffers& buf, void* workspace,
@@ -384,11 +383,12 @@ cudaError_t LaunchWithOptions(const GemmAmaxProblem& p, const GemmAmaxBuffers& b
 
   LaunchCtx ctx;
   const int kernel_pre = KernelPre(plan, pre, opt);
-  const bool pingpong = (kernel_pre & kPingPong) != 0, paired = (kernel_pre & kPairedA) != 0;
-  const int cluster = paired ? 2 : kCluster;  // CTAs per cluster (along N)
+  // Ping-pong: a tile of 128 rows per consumer warpgroup, CTAs in pairs along N sharing A' rows.
+  const bool pingpong = (kernel_pre & kPingPong) != 0;
+  const int cluster = pingpong ? 2 : kCluster;  // CTAs per cluster (along N)
   const int tile_rows = pingpong ? 128 : 128 * mi;
   const uint64_t kbytes = static_cast<uint64_t>(p.operand_row_bytes());
-  const uint32_t box_a = std::min(tile_rows / (paired ? 2 : kAShare), kBoxRows), box_b = std::min(128, kBoxRows);
+  const uint32_t box_a = std::min(tile_rows / (pingpong ? 2 : kAShare), kBoxRows), box_b = std::min(128, kBoxRows);
   // The operands as codes, or (pre-converted) as BF16 units of 128 bytes in the workspace: B' at
   // its start (after the split-K counters and partials, if any), A' after it.
   uint8_t* const b_conv = static_cast<uint8_t*>(workspace) + plan.split_bytes;

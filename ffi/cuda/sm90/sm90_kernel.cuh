@@ -182,8 +182,7 @@ constexpr int kFlagHalfConvB = 512;  // experiment: converter rows 64-127 skip t
 constexpr int kFlagHalfPreA = 1024;  // experiment: only the first half of each pre-converted A unit's rows is loaded (wrong results)
 constexpr int kFlagPassesOnly = 2048;  // experiment: only the pre-conversion passes run (no reset, no GEMM): to time them
 constexpr int kFlagNoCStores = 4096;  // experiment: the staged epilogue skips only its global stores (wrong results)
-constexpr int kFlagPingPong = 32768;  // experiment (host): an unsplit A'B' plan runs the ping-pong kernel (kPingPong)
-constexpr int kFlagPairedA = 65536;  // experiment (host): with kFlagPingPong, the 2-CTA-cluster kernel (kPairedA)
+constexpr int kFlagCooperativeAB = 32768;  // experiment (host): an unsplit A'B' plan runs the cooperative kernel, not kPingPong
 constexpr int kBN = 128;
 // Epilogue staging buffer of each of the 8 consumer warps (see Epilogue).
 constexpr int kStageBytesPerWarp = 1024;
@@ -192,24 +191,23 @@ constexpr int kStageBytesPerWarp = 1024;
 // pre-converted operand arrives by TMA straight into a ring of BF16 unit buffers (B: the converter's
 // buffers, A: buffers the consumers read with SS WGMMAs); the raw stages hold only what is still
 // converted in the kernel, which leaves room for deeper rings.
-// kPingPong (with kPreA | kPreB only; branch pingpong, an experiment): each consumer warpgroup owns
-// a tile of 64 * MI rows and the CTA's tiles go to the two warpgroups alternately; their main loops
-// take turns (an order barrier pair), so one warpgroup's MMAs run while the other's epilogue does.
-// One ring of units in tile order: a stage holds one warpgroup's A' rows and the B' tile.
-// kPairedA (with kPingPong): the CTAs run in clusters of 2 along N (adjacent n-tiles of one m-tile)
-// and each loads half of the A' rows, multicast to both, so that a CTA's L2->SM traffic per unit
-// is 8 + 16 KB instead of 16 + 16 (ping-pong's main loop is L2-bound without it: RESULTS.md
-// session 20, the half-A' experiment).
-constexpr int kPreB = 1, kPreA = 2, kPingPong = 4, kPairedA = 8;
+// kPingPong (with kPreA | kPreB only: the unsplit A'B' plans' kernel): ping-pong consumers. Each
+// consumer warpgroup owns a tile of 64 * MI = 128 rows and the CTA's tiles go to the two warpgroups
+// alternately; their main loops take turns (an order barrier pair), so one warpgroup's MMAs run
+// while the other's epilogue does (the cooperative kernel's tensor cores idle through the epilogue
+// of its 256-row tile: ~15% of the kernel at K = 1024). One ring of units in tile order: a stage
+// holds one warpgroup's A' rows and the B' tile. The CTAs run in clusters of 2 along N (adjacent
+// n-tiles of one m-tile) and each loads half of the A' rows, multicast to both, so that a CTA's
+// L2->SM traffic per unit is 8 + 16 KB instead of 16 + 16: without it the 128-row tiles' main loop
+// is L2-bound, 3-5% slower than the cooperative kernel's (RESULTS.md session 20).
+constexpr int kPreB = 1, kPreA = 2, kPingPong = 4;
 template <int V, int MI, int kPre = 0>
 struct Smem {
   using Tr = VariantTraits<V>;
   static constexpr bool kPreconvertedA = (kPre & kPreA) != 0, kPreconvertedB = (kPre & kPreB) != 0;
   static constexpr bool kPingPongTiles = (kPre & kPingPong) != 0;
   static_assert(!kPingPongTiles || (kPreconvertedA && kPreconvertedB && MI == 2), "ping-pong: A'B' tile 256 kernel only");
-  static constexpr bool kPairedTiles = (kPre & kPairedA) != 0;
-  static_assert(!kPairedTiles || kPingPongTiles, "paired A' multicast: ping-pong kernel only");
-  static constexpr int kClusterCTAs = kPairedTiles ? 2 : kCluster;  // CTAs per cluster (along N)
+  static constexpr int kClusterCTAs = kPingPongTiles ? 2 : kCluster;  // CTAs per cluster (along N)
   static constexpr int kBM = kPingPongTiles ? 64 * MI : 128 * MI;  // rows of a tile (ping-pong: a warpgroup's)
   static constexpr int kRawStages = (kPreconvertedA && kPreconvertedB) ? 0
                                     : kPreconvertedB                  ? 4
@@ -1084,7 +1082,7 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
   constexpr int kNSB = Tr::kScaleBlocksPerSlab;
   using R = Roles<MI>;
   constexpr int kCl = S::kClusterCTAs;
-  constexpr int kAReaderCTAs = S::kPairedTiles ? 2 : 1;  // CTAs whose consumers read an A' stage
+  constexpr int kAReaderCTAs = S::kPingPongTiles ? 2 : 1;  // CTAs whose consumers read an A' stage
 
 #ifdef JGA_SM90_TRACE
   const long long t_entry = clock64();
@@ -1154,7 +1152,7 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
     const bool issues_raw = kRawStages > 0 && warp_idx == 0;
     const bool issues_pre = kPre != 0 && warp_idx == 1;
     const bool lane0 = threadIdx.x % 32 == 0;
-    constexpr int kPartRows = kBM / (S::kPairedTiles ? 2 : kAShare);  // rows of the A slab this CTA loads for all
+    constexpr int kPartRows = kBM / (S::kPingPongTiles ? 2 : kAShare);  // rows of the A slab this CTA loads for all
     constexpr int kBoxA = kPartRows < kBoxRows ? kPartRows : kBoxRows;  // as the host encodes
     constexpr int kBoxB = kBN < kBoxRows ? kBN : kBoxRows;
     if (issues_raw) {  // the codes (and scales) converted in this kernel
@@ -1252,7 +1250,7 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
                 const uint32_t fba = bar_full_a + 8 * a_stage;
                 const bool half = Experiment(p, kFlagHalfPreA);
                 MbarArriveExpectTx(fba, half ? S::kBufA / 2 : S::kBufA);
-                if constexpr (S::kPairedTiles) {  // this CTA's half of the rows, into both CTAs
+                if constexpr (S::kPingPongTiles) {  // this CTA's half of the rows, into both CTAs
                   constexpr int kHalf = kBM / 2;
 #pragma unroll
                   for (int bx = 0; bx < kHalf / kBoxA; ++bx) {

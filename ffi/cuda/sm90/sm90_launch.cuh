@@ -29,10 +29,10 @@ struct LaunchCtx {
 
 // Per device and kernel: how many kCluster-CTA clusters fit on the GPU at once (a persistent grid
 // must be co-resident; not every SM can host a CTA of a cluster). Filled by Prepare*().
-// kind: 0 the plain kernel, 1 split-K, 1 + kPre with pre-converted operands (2-4), 5 split-K with
-// pre-converted A.
+// kind: 0 the plain kernel, 1 split-K, 1 + kPre with pre-converted operands (2-4; 8: A'B' ping-pong,
+// 2-CTA clusters), 5 split-K with pre-converted A.
 constexpr int kMaxDevices = 64;
-constexpr int kKernelKinds = 17;  // 0 .. 1 + (kPreA | kPreB | kPingPong | kPairedA)
+constexpr int kKernelKinds = 9;  // kinds 0 .. 1 + (kPreA | kPreB | kPingPong)
 int& MaxActiveClusters(int device, int variant, int mi, int kind);
 constexpr int KernelKind(bool split_k, int pre) { return split_k ? (pre != 0 ? 5 : 1) : pre != 0 ? 1 + pre : 0; }
 
@@ -43,7 +43,7 @@ cudaError_t LaunchVariant3(const LaunchCtx& ctx);  // e2m1, e8m0/16
 cudaError_t LaunchVariant4(const LaunchCtx& ctx);  // e2m1, e4m3/16 (NVFP4)
 
 // Loads the eight kernels of variant V (two tile heights, with and without split-K; tile 256 with
-// pre-converted A, B or both, and split-K with pre-converted A) on the current device and raises
+// pre-converted A, B, or both (ping-pong), and split-K with pre-converted A) on the current device and raises
 // their dynamic shared-memory limit. Must run outside stream capture (it may load the module
 // lazily): see Prepare().
 cudaError_t PrepareVariant0();
@@ -96,11 +96,10 @@ cudaError_t ConfigureKernels() {
   if constexpr (MI == 2) {
     if (err == cudaSuccess) err = ConfigureKernel<V, MI, false, kPreB>();
     if (err == cudaSuccess) err = ConfigureKernel<V, MI, false, kPreA>();
-    if (err == cudaSuccess) err = ConfigureKernel<V, MI, false, kPreA | kPreB>();
+    if (err == cudaSuccess) err = ConfigureKernel<V, MI, false, kPreA | kPreB | kPingPong>();
     if (err == cudaSuccess) err = ConfigureKernel<V, MI, true, kPreA>();
     if constexpr (kExperiments) {
-      if (err == cudaSuccess) err = ConfigureKernel<V, MI, false, kPreA | kPreB | kPingPong>();
-      if (err == cudaSuccess) err = ConfigureKernel<V, MI, false, kPreA | kPreB | kPingPong | kPairedA>();
+      if (err == cudaSuccess) err = ConfigureKernel<V, MI, false, kPreA | kPreB>();
     }
   }
   return err;
@@ -153,13 +152,10 @@ cudaError_t LaunchVariantMI(const LaunchCtx& ctx) {
       switch (ctx.pre) {
         case kPreB: return LaunchKernel<V, 2, false, kPreB>(ctx, true);
         case kPreA: return LaunchKernel<V, 2, false, kPreA>(ctx, true);
-        case kPreA | kPreB | kPingPong:
-          if constexpr (kExperiments) return LaunchKernel<V, 2, false, kPreA | kPreB | kPingPong>(ctx, true);
+        case kPreA | kPreB:
+          if constexpr (kExperiments) return LaunchKernel<V, 2, false, kPreA | kPreB>(ctx, true);
           return cudaErrorInvalidConfiguration;
-        case kPreA | kPreB | kPingPong | kPairedA:
-          if constexpr (kExperiments) return LaunchKernel<V, 2, false, kPreA | kPreB | kPingPong | kPairedA>(ctx, true);
-          return cudaErrorInvalidConfiguration;
-        default: return LaunchKernel<V, 2, false, kPreA | kPreB>(ctx, true);
+        default: return LaunchKernel<V, 2, false, kPreA | kPreB | kPingPong>(ctx, true);
       }
     }
   }

@@ -380,7 +380,7 @@ static bool RunAndCheck(HostProblem& hp, const Ref& ref, OutputType ct, int forc
   opt.force_splits = force_splits;
   opt.force_whole_tiles = force_whole_tiles;
   SetPre(opt, pre);
-  // Experiment flags that pick a kernel on the host (kFlagPingPong) for every checked launch.
+  // Experiment flags that pick a kernel on the host (kFlagCooperativeAB) for every checked launch.
   if (const char* e = getenv("JGA_EXPERIMENT_FLAGS")) opt.experiment_flags = atoi(e);
   // Poisoned workspace: split-K counters that were not reset would read as "all partials ready".
   if (g_ws != nullptr) CK(cudaMemset(g_ws, 0xFF, g_ws_bytes));
@@ -484,13 +484,15 @@ static void TestAll() {
       RunAndCheck(hp, ref, OutputType::kBF16, 256, "L=2 M=1000 N=1040 K=1024");
       for (int pre = 1; pre <= 3; ++pre) RunAndCheck(hp, ref, OutputType::kF32, 256, "L=2 M=1000 N=1040 K=1024", 1, -1, pre);
     }
-    // Shape 4b: 2-3 tiles of 128 rows per CTA (270 in all), full and edge tiles, L = 3: with
-    // JGA_EXPERIMENT_FLAGS=32768 the A'B' launches run the ping-pong kernel, both warpgroups twice.
+    // Shape 4b, for the A'B' plan's ping-pong kernel: 243 tiles of 128 x 256 (a 2-CTA cluster's), 3-4
+    // per cluster, so each warpgroup runs 1-2; full and edge tiles, L = 3, and an odd count of 128-column
+    // tiles (17), so that the second CTA of each m-tile's last pair has no columns. (With
+    // JGA_EXPERIMENT_FLAGS=32768, the cooperative A'B' kernel instead.)
     {
-      HostProblem hp = MakeProblem(cb, 3, 1100, 1200, 192, rng, 118, 136);
+      HostProblem hp = MakeProblem(cb, 3, 1100, 2100, 192, rng, 118, 136);
       Ref ref = Reference(hp);
-      RunAndCheck(hp, ref, OutputType::kBF16, 256, "L=3 M=1100 N=1200 K=192", 1, -1, 3);
-      RunAndCheck(hp, ref, OutputType::kF32, 256, "L=3 M=1100 N=1200 K=192", 1, -1, 3);
+      RunAndCheck(hp, ref, OutputType::kBF16, 256, "L=3 M=1100 N=2100 K=192", 1, -1, 3);
+      RunAndCheck(hp, ref, OutputType::kF32, 256, "L=3 M=1100 N=2100 K=192", 1, -1, 3);
     }
     // Shape 5: split-K forced (1-4 ranges of uneven slab counts, K tail), partial tiles, L=2.
     {

@@ -489,10 +489,10 @@ static void TestAll() {
     // tiles (17), so that the second CTA of each m-tile's last pair has no columns. (With
     // JGA_EXPERIMENT_FLAGS=32768, the cooperative A'B' kernel instead.)
     {
-      HostProblem hp = MakeProblem(cb, 3, 1100, 2100, 192, rng, 118, 136);
+      HostProblem hp = MakeProblem(cb, 3, 1100, 2120, 192, rng, 118, 136);
       Ref ref = Reference(hp);
-      RunAndCheck(hp, ref, OutputType::kBF16, 256, "L=3 M=1100 N=2100 K=192", 1, -1, 3);
-      RunAndCheck(hp, ref, OutputType::kF32, 256, "L=3 M=1100 N=2100 K=192", 1, -1, 3);
+      RunAndCheck(hp, ref, OutputType::kBF16, 256, "L=3 M=1100 N=2120 K=192", 1, -1, 3);
+      RunAndCheck(hp, ref, OutputType::kF32, 256, "L=3 M=1100 N=2120 K=192", 1, -1, 3);
     }
     // Shape 5: split-K forced (1-4 ranges of uneven slab counts, K tail), partial tiles, L=2.
     {

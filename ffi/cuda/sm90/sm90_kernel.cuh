@@ -179,7 +179,7 @@ constexpr int kFlagNoScales = 64;    // experiment: producer skips the scale-blo
 constexpr int kFlagNoBLoad = 128;    // experiment: producer skips the B tile
 constexpr int kFlagNoFence = 256;    // experiment: converter skips the proxy fence (unsafe)
 constexpr int kFlagHalfConvB = 512;  // experiment: converter rows 64-127 skip the B conversion (wrong results)
-constexpr int kFlagHalfPreA = 1024;  // experiment: only the first half of each pre-converted A unit's rows is loaded (wrong results)
+constexpr int kFlagHalfPreA = 1024;  // experiment: only the first half of each pre-converted A unit's rows is loaded (wrong results; not in kPingPong)
 constexpr int kFlagPassesOnly = 2048;  // experiment: only the pre-conversion passes run (no reset, no GEMM): to time them
 constexpr int kFlagNoCStores = 4096;  // experiment: the staged epilogue skips only its global stores (wrong results)
 constexpr int kFlagCooperativeAB = 32768;  // experiment (host): an unsplit A'B' plan runs the cooperative kernel, not kPingPong
@@ -1248,7 +1248,7 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
               tr.Stop(kTrProducerWaitPre);
               if (lane0) {
                 const uint32_t fba = bar_full_a + 8 * a_stage;
-                const bool half = Experiment(p, kFlagHalfPreA);
+                const bool half = !S::kPingPongTiles && Experiment(p, kFlagHalfPreA);  // not with multicast halves
                 MbarArriveExpectTx(fba, half ? S::kBufA / 2 : S::kBufA);
                 if constexpr (S::kPingPongTiles) {  // this CTA's half of the rows, into both CTAs
                   constexpr int kHalf = kBM / 2;

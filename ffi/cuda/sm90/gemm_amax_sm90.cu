@@ -383,12 +383,9 @@ cudaError_t LaunchWithOptions(const GemmAmaxProblem& p, const GemmAmaxBuffers& b
 
   LaunchCtx ctx;
   const int kernel_pre = KernelPre(plan, pre, opt);
-  // Ping-pong: a tile of 128 rows per consumer warpgroup, CTAs in pairs along N sharing A' rows.
-  const bool pingpong = (kernel_pre & kPingPong) != 0;
-  const int cluster = pingpong ? 2 : kCluster;  // CTAs per cluster (along N)
-  const int tile_rows = pingpong ? 128 : 128 * mi;
+  const int cluster = ClusterCTAs(kernel_pre), tile_rows = TileRows(kernel_pre, mi);
   const uint64_t kbytes = static_cast<uint64_t>(p.operand_row_bytes());
-  const uint32_t box_a = std::min(tile_rows / (pingpong ? 2 : kAShare), kBoxRows), box_b = std::min(128, kBoxRows);
+  const uint32_t box_a = std::min(tile_rows / ASharingCTAs(kernel_pre), kBoxRows), box_b = std::min(128, kBoxRows);
   // The operands as codes, or (pre-converted) as BF16 units of 128 bytes in the workspace: B' at
   // its start (after the split-K counters and partials, if any), A' after it.
   uint8_t* const b_conv = static_cast<uint8_t*>(workspace) + plan.split_bytes;

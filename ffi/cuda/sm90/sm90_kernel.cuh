@@ -201,14 +201,20 @@ constexpr int kStageBytesPerWarp = 1024;
 // L2->SM traffic per unit is 8 + 16 KB instead of 16 + 16: without it the 128-row tiles' main loop
 // is L2-bound, 3-5% slower than the cooperative kernel's (RESULTS.md session 20).
 constexpr int kPreB = 1, kPreA = 2, kPingPong = 4;
+// The shape of a kPre kernel's work, for the kernel (Smem) and the host that launches it: CTAs per
+// cluster (along N), rows of a tile (ping-pong: one warpgroup's), CTAs that each load a part of an
+// A tile for all of the cluster (multicast).
+constexpr int ClusterCTAs(int pre) { return (pre & kPingPong) ? 2 : kCluster; }
+constexpr int TileRows(int pre, int mi) { return (pre & kPingPong) ? 64 * mi : 128 * mi; }
+constexpr int ASharingCTAs(int pre) { return (pre & kPingPong) ? 2 : kAShare; }
 template <int V, int MI, int kPre = 0>
 struct Smem {
   using Tr = VariantTraits<V>;
   static constexpr bool kPreconvertedA = (kPre & kPreA) != 0, kPreconvertedB = (kPre & kPreB) != 0;
   static constexpr bool kPingPongTiles = (kPre & kPingPong) != 0;
   static_assert(!kPingPongTiles || (kPreconvertedA && kPreconvertedB && MI == 2), "ping-pong: A'B' tile 256 kernel only");
-  static constexpr int kClusterCTAs = kPingPongTiles ? 2 : kCluster;  // CTAs per cluster (along N)
-  static constexpr int kBM = kPingPongTiles ? 64 * MI : 128 * MI;  // rows of a tile (ping-pong: a warpgroup's)
+  static constexpr int kClusterCTAs = ClusterCTAs(kPre);
+  static constexpr int kBM = TileRows(kPre, MI);
   static constexpr int kRawStages = (kPreconvertedA && kPreconvertedB) ? 0
                                     : kPreconvertedB                  ? 4
                                     : kPreconvertedA                  ? 3
@@ -1152,7 +1158,7 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
     const bool issues_raw = kRawStages > 0 && warp_idx == 0;
     const bool issues_pre = kPre != 0 && warp_idx == 1;
     const bool lane0 = threadIdx.x % 32 == 0;
-    constexpr int kPartRows = kBM / (S::kPingPongTiles ? 2 : kAShare);  // rows of the A slab this CTA loads for all
+    constexpr int kPartRows = kBM / ASharingCTAs(kPre);  // rows of the A slab this CTA loads for all
     constexpr int kBoxA = kPartRows < kBoxRows ? kPartRows : kBoxRows;  // as the host encodes
     constexpr int kBoxB = kBN < kBoxRows ? kBN : kBoxRows;
     if (issues_raw) {  // the codes (and scales) converted in this kernel

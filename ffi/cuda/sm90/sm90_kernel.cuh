@@ -215,6 +215,8 @@ struct Smem {
   static_assert(!kPingPongTiles || (kPreconvertedA && kPreconvertedB && MI == 2), "ping-pong: A'B' tile 256 kernel only");
   static constexpr int kClusterCTAs = ClusterCTAs(kPre);
   static constexpr int kBM = TileRows(kPre, MI);
+  // m-tiles per group of the tile raster (DecodeTile): 2048 rows at tile 256, in both kernels.
+  static constexpr int kRasterMTiles = kPingPongTiles ? 16 : 8;
   static constexpr int kRawStages = (kPreconvertedA && kPreconvertedB) ? 0
                                     : kPreconvertedB                  ? 4
                                     : kPreconvertedA                  ? 3
@@ -548,7 +550,7 @@ __device__ __forceinline__ WorkUnit DecodeUnit(const KParams& p, int u) {
   w.slab_hi = w.split == p.splits - 1 ? p.num_kslabs : w.slab_lo + p.split_slabs;
   return w;
 }
-// G: m-tiles per group (ping-pong's 128-row tiles: 16, the rows of the cooperative kernel's 8).
+// G: m-tiles per group (Smem::kRasterMTiles).
 template <int G = 8>
 __device__ __forceinline__ TileCoord DecodeTile(const KParams& p, int tile) {
   TileCoord tc;
@@ -1173,7 +1175,7 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
       int stage = 0, phase = 0;
       for (int u = cluster_id; u < p.units_total; u += num_clusters) {
         const WorkUnit wu = DecodeUnit<kSplitK>(p, u);
-        const TileCoord pc = DecodeTile<S::kPingPongTiles ? 16 : 8>(p, wu.tile);
+        const TileCoord pc = DecodeTile<S::kRasterMTiles>(p, wu.tile);
         const int my_nt = pc.nt * kCl + rank;
         for (int slab = wu.slab_lo; slab < wu.slab_hi; ++slab) {
           JGA_TRACE_FIRST_ISSUE(kTrProducerDecoded);
@@ -1242,7 +1244,7 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
       WaitForPrecedingGrids();
       for (int u = cluster_id; u < p.units_total; u += num_clusters) {
         const WorkUnit wu = DecodeUnit<kSplitK>(p, u);
-        const TileCoord pc = DecodeTile<S::kPingPongTiles ? 16 : 8>(p, wu.tile);
+        const TileCoord pc = DecodeTile<S::kRasterMTiles>(p, wu.tile);
         const int my_nt = pc.nt * kCl + rank;
         for (int slab = wu.slab_lo; slab < wu.slab_hi; ++slab) {
 #pragma unroll 1
@@ -1436,7 +1438,7 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
     if (kPP && wg == 1) skip_units(units_per_tile);
     for (int u = cluster_id + (kPP ? wg * num_clusters : 0); u < p.units_total; u += (kPP ? 2 : 1) * num_clusters) {
       const WorkUnit wu = DecodeUnit<kSplitK>(p, u);
-      const TileCoord tc = DecodeTile<S::kPingPongTiles ? 16 : 8>(p, wu.tile);
+      const TileCoord tc = DecodeTile<S::kRasterMTiles>(p, wu.tile);
       if constexpr (kPP) MbarWait(bar_order + 8 * wg, pp_turns & 1);  // the other warpgroup's main loop is issued
       if (tc.l != cur_l) {
         if (cur_l >= 0 && do_amax) FlushAmax(amax_run, p.amax, cur_l);

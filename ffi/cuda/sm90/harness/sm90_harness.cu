@@ -294,11 +294,15 @@ static DevBufs Upload(const HostProblem& hp) {
 static void* g_ws = nullptr;
 static size_t g_ws_bytes = 0;
 // Environment overrides for sweeps (any mode; unset: the options as given).
+// JGA_EXPERIMENT_FLAGS is added to every launch's flags, e.g. the host's kernel choice
+// (kFlagCooperativeAB) for the checked launches of `test`.
 static sm90::LaunchOptions WithEnvOverrides(sm90::LaunchOptions o) {
   static const int bonus = [] { const char* e = getenv("JGA_SPLIT_BONUS"); return e ? atoi(e) : -1; }();
   static const int splits = [] { const char* e = getenv("JGA_FORCE_SPLITS"); return e ? atoi(e) : 0; }();
+  static const int flags = [] { const char* e = getenv("JGA_EXPERIMENT_FLAGS"); return e ? atoi(e) : 0; }();
   if (o.split_bonus_units < 0) o.split_bonus_units = bonus;
   if (o.force_splits == 0 && splits > 0) o.force_splits = splits;
+  o.experiment_flags |= flags;
   return o;
 }
 
@@ -380,8 +384,6 @@ static bool RunAndCheck(HostProblem& hp, const Ref& ref, OutputType ct, int forc
   opt.force_splits = force_splits;
   opt.force_whole_tiles = force_whole_tiles;
   SetPre(opt, pre);
-  // Experiment flags that pick a kernel on the host (kFlagCooperativeAB) for every checked launch.
-  if (const char* e = getenv("JGA_EXPERIMENT_FLAGS")) opt.experiment_flags = atoi(e);
   // Poisoned workspace: split-K counters that were not reset would read as "all partials ready".
   if (g_ws != nullptr) CK(cudaMemset(g_ws, 0xFF, g_ws_bytes));
   CK(LaunchH(p, Bufs(d), opt));

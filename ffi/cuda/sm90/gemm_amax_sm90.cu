@@ -139,11 +139,27 @@ constexpr double kSplitCostPerRowBlock = 2.0;  // per 128 rows of the tile and e
 // 0.1-1.8% of it.
 // A saving priced on the whole GEMM time fits as well unsplit (session 16's first model) but took
 // A' for split plans at K = 1024 where it loses (2048x3072x1024 -1.8%, 640x8192x1024 -7% as tile
-// 256 + A' over tile 128): there a split tile's hand-over is a third of its time. Indexed by
-// kPreB | kPreA.
-constexpr double kPreconvertSaving[4] = {0.0, 0.163, 0.204, 0.288};
+// 256 + A' over tile 128): there a split tile's hand-over is a third of its time.
+// Both operands (the unsplit A'B' plan) run the ping-pong kernel (KernelPre), priced by its own
+// waves (PingPongWaves): a consumer warpgroup's epilogue (a 128-row tile's, half a 256-row one's)
+// runs beside the other's main loop, so a wave pays half the epilogue, and the last tile's half
+// is paid whole.
+// Refit in session 21 (least squares on relative error, each shape's scale free) to every choice
+// at tile 256 unsplit taking turns in one process on an H200: fp8 32 shapes (the same values for
+// B' and A' as session 17's, 0.271 for the ping-pong A'B'; RMS 1.2%), fp4 32 mxfp4 + 12 nvfp4
+// shapes (RMS 1.4% / 2.0%; with fp8's values 3.7% / 2.2%: an fp4 code costs the consumers more
+// to convert). Indexed by [fp4][kPreB | kPreA].
+constexpr double kPreconvertSaving[2][4] = {{0.0, 0.163, 0.204, 0.271}, {0.0, 0.186, 0.258, 0.335}};
 constexpr double kPassBytesPerUnit = 3.45e6;
 constexpr double kFirstPassUnits = 3.1, kSecondPassUnits = 0.34;
+// Waves of the ping-pong kernel in units of a cooperative tile-256 wave: each CTA runs 128x128
+// tiles, two at a time (one per consumer warpgroup, their main loops taking turns), in 2-CTA
+// clusters along N (sms / 2 clusters, each a pair of adjacent 128-column tiles): half a wave per
+// round of cluster tiles.
+double PingPongWaves(const GemmAmaxProblem& p, int sms) {
+  const long long cluster_tiles = CeilDiv(p.m, 128) * CeilDiv(CeilDiv(p.n, 128), 2) * p.batch;
+  return 0.5 * static_cast<double>(CeilDiv(cluster_tiles, std::max(1, sms / 2)));
+}
 // 64-K MMA units per 128-byte slab of codes (128 fp8 or 256 fp4 elements).
 long long UnitsPerSlab(const GemmAmaxProblem& p) { return p.ab_type == OperandType::kE2M1x2 ? 4 : 2; }
 
@@ -184,6 +200,7 @@ Plan MakePlan(const GemmAmaxProblem& p, int sms, const LaunchOptions& opt, size_
   double pass_units[4];  // the passes of each operand choice: the same for every candidate
   for (int x = 0; x < 4; ++x) pass_units[x] = PassUnits(p, x);
   const size_t a_copy_bytes = PreconvertedABytes(p);
+  const double* const saving = kPreconvertSaving[p.ab_type == OperandType::kE2M1x2 ? 1 : 0];
   Plan best;
   double best_cost = -1;
   for (int mi = 2; mi >= 1; --mi) {
@@ -231,7 +248,11 @@ Plan MakePlan(const GemmAmaxProblem& p, int sms, const LaunchOptions& opt, size_
         double cost = 0;
         for (int x = 0; x <= 3; ++x) {
           if ((x & ~allowed) != 0 || (pc.required & allowed & ~x) != 0) continue;
-          const double c = gemm - main_loop * kPreconvertSaving[x] + pass_units[x];
+          double c = gemm - main_loop * saving[x] + pass_units[x];
+          if (x == (kPreA | kPreB)) {  // the ping-pong kernel (unsplit tile 256 only)
+            const double w = PingPongWaves(p, sms);
+            c = w * (wave_units(1) * (1 - saving[x]) + epilogue / 2) + epilogue / 2 + pass_units[x];
+          }
           if (pre < 0 || c < cost) { pre = x; cost = c; }
         }
         // A candidate must be 2% cheaper than the best so far (the model's error), except a tail

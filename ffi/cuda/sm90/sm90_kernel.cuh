@@ -1281,9 +1281,15 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
               tr.Stop(kTrProducerWaitPre);
               if (lane0) {
                 const uint32_t fbb = bar_full_b + 8 * b_stage;
-                MbarArriveExpectTx(fbb, S::kBufB);
+                // A ping-pong cluster's second CTA past the last column (an odd count of column
+                // tiles) loads no B': TMA's zero fill of a box wholly out of bounds is slow (it
+                // cost the whole kernel 12-15% at 4096x1408x4096 and 3072x1920x4096, session 21).
+                // Its MMAs read stale shared memory; the epilogue stores, and takes the amax of,
+                // no column >= n.
+                const bool past_n = my_nt * kBN >= p.n;
+                MbarArriveExpectTx(fbb, past_n ? 0 : S::kBufB);
 #pragma unroll
-                for (int bx = 0; bx < kBN / kBoxB; ++bx)
+                for (int bx = 0; bx < (past_n ? 0 : kBN / kBoxB); ++bx)
                   TmaLoad3D(smem + S::kOffBufB + b_stage * S::kBufB + bx * kBoxB * 128, &tm_b, fbb, k_byte,
                             my_nt * kBN + bx * kBoxB, pc.l);
               }

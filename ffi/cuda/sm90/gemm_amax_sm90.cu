@@ -126,7 +126,7 @@ __global__ void ResetKernel(float* amax, int n_amax, unsigned int* ready, int n_
 // whose split-K workspace fits in `available` bytes are considered.
 constexpr double kSplitCostPerRowBlock = 2.0;  // per 128 rows of the tile and extra split (above)
 // Each tile-256 candidate is priced with every choice of operands it may pre-convert (PreChoices):
-// converting X once per call in passes saves kPreconvertSaving[X] of the GEMM's main loop (no
+// converting X once per call in passes saves kPreconvertSaving[fp4][X] of the GEMM's main loop (no
 // operand conversion left in its CTAs; the epilogues and a split plan's hand-over of partial tiles
 // stay as they are), and the passes cost their bytes (codes read, BF16 written) at
 // kPassBytesPerUnit plus a fixed cost, kFirstPassUnits for the first (a launch boundary and a wave)
@@ -145,10 +145,12 @@ constexpr double kSplitCostPerRowBlock = 2.0;  // per 128 rows of the tile and e
 // runs beside the other's main loop, so a wave pays half the epilogue, and the last tile's half
 // is paid whole.
 // Refit in session 21 (least squares on relative error, each shape's scale free) to every choice
-// at tile 256 unsplit taking turns in one process on an H200: fp8 32 shapes (the same values for
-// B' and A' as session 17's, 0.271 for the ping-pong A'B'; RMS 1.2%), fp4 32 mxfp4 + 12 nvfp4
-// shapes (RMS 1.4% / 2.0%; with fp8's values 3.7% / 2.2%: an fp4 code costs the consumers more
-// to convert). Indexed by [fp4][kPreB | kPreA].
+// at tile 256 unsplit taking turns in one process on an H200: fp8 32 shapes (B' and A' within
+// 0.004 of session 17's values, kept; 0.271 for the ping-pong A'B'; RMS 1.2%), fp4 32 mxfp4 + 12
+// nvfp4 shapes (RMS 1.4% / 2.0%; with fp8's values 3.7% / 2.2%: an fp4 code costs the consumers
+// more to convert). Against the session-20 planner at the grid shapes whose plan it changed:
+// e4m3 +5.1% (geometric mean of 107), mxfp4 +7.2% (80), worst -3.8% / -4.9%. Indexed by
+// [fp4][kPreB | kPreA].
 constexpr double kPreconvertSaving[2][4] = {{0.0, 0.163, 0.204, 0.271}, {0.0, 0.186, 0.258, 0.335}};
 constexpr double kPassBytesPerUnit = 3.45e6;
 constexpr double kFirstPassUnits = 3.1, kSecondPassUnits = 0.34;

@@ -250,11 +250,11 @@ Plan MakePlan(const GemmAmaxProblem& p, int sms, const LaunchOptions& opt, size_
         double cost = 0;
         for (int x = 0; x <= 3; ++x) {
           if ((x & ~allowed) != 0 || (pc.required & allowed & ~x) != 0) continue;
-          double c = gemm - main_loop * saving[x] + pass_units[x];
-          if (x == (kPreA | kPreB)) {  // the ping-pong kernel (unsplit tile 256 only)
-            const double w = PingPongWaves(p, sms);
-            c = w * (wave_units(1) * (1 - saving[x]) + epilogue / 2) + epilogue / 2 + pass_units[x];
-          }
+          // A'B' (offered to unsplit tile 256 only) runs the ping-pong kernel: its own waves.
+          const double w = x == (kPreA | kPreB) ? PingPongWaves(p, sms) : 0.0;
+          const double c = (x == (kPreA | kPreB) ? w * (wave_units(1) * (1 - saving[x]) + epilogue / 2) + epilogue / 2
+                                                 : gemm - main_loop * saving[x]) +
+                           pass_units[x];
           if (pre < 0 || c < cost) { pre = x; cost = c; }
         }
         // A candidate must be 2% cheaper than the best so far (the model's error), except a tail

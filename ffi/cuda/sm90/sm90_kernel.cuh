@@ -1286,7 +1286,7 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
                 // cost the whole kernel 12-15% at 4096x1408x4096 and 3072x1920x4096, session 21).
                 // Its MMAs read stale shared memory; the epilogue stores, and takes the amax of,
                 // no column >= n.
-                const bool past_n = my_nt * kBN >= p.n;
+                const bool past_n = kCl > 1 && my_nt * kBN >= p.n;
                 MbarArriveExpectTx(fbb, past_n ? 0 : S::kBufB);
 #pragma unroll
                 for (int bx = 0; bx < (past_n ? 0 : kBN / kBoxB); ++bx)

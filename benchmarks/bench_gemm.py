@@ -83,9 +83,11 @@ def chained(fn, n, live_outputs=False):
     that XLA cannot merge the repeats). Takes the n copies, returns repeat 0's output and one value
     per other repeat: by default C[0, 0] (+ amax) read behind an optimization barrier, so that every
     repeat's whole C is computed but lives in XLA's temporaries, as a layer's output does inside a
-    jitted step. live_outputs=True returns every repeat's C instead: n program outputs at new
-    addresses on every call, which makes XLA update every command of its command buffer per call
-    (session 14 at 1024^3: +11 us per op for gemm_amax and the dequant path, +5 for cuBLAS)."""
+    jitted step. live_outputs=True returns every repeat's C instead: n more program outputs at new
+    addresses on every call (session 14 at 1024^3: +11 us per op for gemm_amax and the dequant path,
+    +5 for cuBLAS). Either way the program's outputs move on every call, so XLA updates every command
+    of its command buffer per call and re-captures every FFI call in it (XLA's log, session 22):
+    chained small shapes measure that host work, not the kernels."""
     if n == 1:
         return fn
 

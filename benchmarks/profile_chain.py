@@ -9,6 +9,12 @@ for small shapes, where the kernel is a fraction of the call.
     python benchmarks/profile_chain.py --shape 256x8192x8192 --calls 40 --timeline
 
 XLA flags apply as usual, e.g. XLA_FLAGS=--xla_gpu_enable_command_buffer= (no CUDA graphs).
+The first line also gives the host's share: the time to enqueue a jitted call (20 enqueued back to
+back, then one wait) against the wall time per call; when they are close, the call is host-bound.
+What XLA does per call with its command buffer (which commands it updates, how long that takes, which
+FFI calls it re-captures) is in its log:
+    TF_CPP_MIN_LOG_LEVEL=0 TF_CPP_VMODULE=command_buffer_thunk=3,command_executor=3,custom_call_thunk=3 \
+        python benchmarks/profile_chain.py 2>&1 | grep -E "Updated|fallback"
 """
 
 from __future__ import annotations
@@ -17,7 +23,9 @@ import argparse
 import collections
 import glob
 import os
+import statistics
 import tempfile
+import time
 
 import jax
 import jax.numpy as jnp
@@ -40,6 +48,20 @@ def build(peer, m, n, k, calls):
     ops = (qa, qb, sfa, sfb, x.astype(jnp.bfloat16), w.astype(jnp.bfloat16))
     fn = build_candidates(jax.default_backend() == "gpu", "mxfp8_e4m3")[PEERS[peer]]
     return chained(fn, calls), chain_operands(ops, calls)
+
+
+def enqueue_and_wall(fn, ops, calls=20, repeats=5):
+    """Medians over `repeats` of the host time to enqueue one call (`calls` back to back) and of the
+    wall time per call including the wait for the last one."""
+    enqueue, wall = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        outs = [fn(*ops) for _ in range(calls)]
+        t1 = time.perf_counter()
+        jax.block_until_ready(outs)
+        enqueue.append((t1 - t0) / calls)
+        wall.append((time.perf_counter() - t0) / calls)
+    return statistics.median(enqueue), statistics.median(wall)
 
 
 def summarize(xplane_path, top, timeline):
@@ -77,8 +99,10 @@ def main():
         parser.error("--calls must be at least 2 (one call per jitted function: bench_gemm.py)")
     fn, ops = build(args.peer, m, n, k, args.calls)
     t, _ = timed(fn, ops, calls=5, repeats=7)
+    enqueue, wall = enqueue_and_wall(fn, ops)
     print(f"{args.peer} {args.shape}, {args.calls} per jitted call: {t * 1e6:.0f} us per jitted call, "
-          f"{t / args.calls * 1e6:.1f} us per operation ({jax.devices()[0].device_kind})")
+          f"{t / args.calls * 1e6:.1f} us per operation ({jax.devices()[0].device_kind}); "
+          f"enqueueing a call takes {enqueue * 1e6:.0f} us of {wall * 1e6:.0f} us wall per call")
     trace_dir = tempfile.mkdtemp(prefix="jga-profile-")
     with jax.profiler.trace(trace_dir):
         for _ in range(args.traced):

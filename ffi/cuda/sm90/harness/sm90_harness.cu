@@ -6,7 +6,8 @@
 //                                with and without the amax reduction (and cuBLAS bf16 if built
 //                                with -DJGA_WITH_CUBLAS -lcublas)
 //   sm90_harness small           one small case (for compute-sanitizer)
-//   sm90_harness hostcost M N K  host time of one call, piece by piece
+//   sm90_harness hostcost M N K  host time of one call, piece by piece, direct and captured into a
+//                                CUDA graph as XLA's command buffers do (update, graph launch)
 //   JGA_SPLIT_BONUS=N (any mode)  the split-K reducer's extra 64-K units (LaunchOptions::
 //                                split_bonus_units), for sweeps; unset: the library's default
 //   JGA_FORCE_SPLITS=S (any mode) force the split-K factor where a mode does not (plans: `one`
@@ -998,6 +999,107 @@ static void HostCost(int64_t M, int64_t N, int64_t K) {
   time_us("cudaLaunchKernelEx, programmatic only", 500, [&] { CK(cudaLaunchKernelEx(&cfg, EmptyKernel, 0)); });
   int dev = 0;
   time_us("cudaGetDevice", 2000, [&] { CK(cudaGetDevice(&dev)); });
+
+  // XLA's update of a custom call inside a command buffer (CUDA graph), when its buffers moved:
+  // capture the handler's launches into a new graph, then swap it into the executable graph's
+  // child node. The same steps here, per call, for our launches and for bare kernels.
+  cudaStream_t cap;
+  CK(cudaStreamCreateWithFlags(&cap, cudaStreamNonBlocking));
+  auto capture = [&](auto&& launches) {  // as XLA traces an FFI call: thread-local capture into a new graph
+    cudaGraph_t g;
+    CK(cudaGraphCreate(&g, 0));
+    CK(cudaStreamBeginCaptureToGraph(cap, g, nullptr, nullptr, 0, cudaStreamCaptureModeThreadLocal));
+    launches(cap);
+    CK(cudaStreamEndCapture(cap, &g));
+    return g;
+  };
+  auto captured = [&](const char* what, auto&& launches) {
+    cudaGraph_t parent, child = capture(launches);
+    cudaGraphNode_t node;
+    CK(cudaGraphCreate(&parent, 0));
+    CK(cudaGraphAddChildGraphNode(&node, parent, nullptr, 0, child));
+    cudaGraphExec_t exec;
+    CK(cudaGraphInstantiate(&exec, parent, 0));
+    CK(cudaGraphLaunch(exec, cap));
+    CK(cudaStreamSynchronize(cap));
+    time_us((std::string("captured + child update: ") + what).c_str(), 200, [&] {
+      cudaGraph_t g = capture(launches);
+      CK(cudaGraphExecChildGraphNodeSetParams(exec, node, g));
+      CK(cudaGraphDestroy(g));
+    });
+    CK(cudaGraphLaunch(exec, cap));  // the updated graph still runs
+    CK(cudaStreamSynchronize(cap));
+    CK(cudaGraphExecDestroy(exec));
+    CK(cudaGraphDestroy(parent));
+    CK(cudaGraphDestroy(child));
+  };
+  // A jitted chain as XLA's command buffer holds it: `ops` child graphs (each call captured), a
+  // one-block kernel node between two of them (the chain's add fusion), all in one line. Host time
+  // of cudaGraphLaunch, and wall time per launch with the GPU in the loop.
+  auto chain = [&](const char* what, int ops, auto&& launches) {
+    cudaGraph_t parent;
+    CK(cudaGraphCreate(&parent, 0));
+    cudaGraphNode_t prev = nullptr;
+    int arg = 0;
+    void* args[] = {&arg};
+    for (int i = 0; i < ops; ++i) {
+      cudaGraph_t g = capture(launches);
+      cudaGraphNode_t node;
+      CK(cudaGraphAddChildGraphNode(&node, parent, prev ? &prev : nullptr, prev ? 1 : 0, g));
+      CK(cudaGraphDestroy(g));
+      prev = node;
+      if (i + 1 < ops) {
+        cudaKernelNodeParams kp = {};
+        kp.func = reinterpret_cast<void*>(EmptyKernel);
+        kp.gridDim = dim3(1, 1, 1);
+        kp.blockDim = dim3(32, 1, 1);
+        kp.kernelParams = args;
+        CK(cudaGraphAddKernelNode(&node, parent, &prev, 1, &kp));
+        prev = node;
+      }
+    }
+    cudaGraphExec_t exec;
+    CK(cudaGraphInstantiate(&exec, parent, 0));
+    for (int i = 0; i < 3; ++i) CK(cudaGraphLaunch(exec, cap));
+    CK(cudaStreamSynchronize(cap));
+    const int n = 30;
+    double host_us = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < n; ++i) {
+      const auto h0 = std::chrono::steady_clock::now();
+      CK(cudaGraphLaunch(exec, cap));
+      host_us += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - h0).count();
+    }
+    CK(cudaStreamSynchronize(cap));
+    const double wall_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    printf("  graph of %d x %-44s launch %7.1f us host, %7.1f us wall\n", ops, what, host_us / n, wall_us / n);
+    CK(cudaGraphExecDestroy(exec));
+    CK(cudaGraphDestroy(parent));
+  };
+  sm90::LaunchOptions gemm_only;
+  gemm_only.skip_amax = true;
+  gemm_only.force_splits = 1;
+  cfg.attrs = attr + 1;  // programmatic only
+  cfg.numAttrs = 1;
+  const std::vector<std::pair<const char*, std::function<void(cudaStream_t)>>> calls = {
+      {"sm90::Launch", [&](cudaStream_t s) { CK(sm90::Launch(p, b, w, ws, s)); }},
+      {"GEMM alone (no amax, unsplit)", [&](cudaStream_t s) { CK(sm90::LaunchWithOptions(p, b, w, ws, s, gemm_only)); }},
+      {"EmptyKernel", [&](cudaStream_t s) { EmptyKernel<<<1, 256, 0, s>>>(0); }},
+      {"EmptyKernel, then one with PDL",
+       [&](cudaStream_t s) {
+         EmptyKernel<<<1, 256, 0, s>>>(0);
+         cfg.stream = s;
+         CK(cudaLaunchKernelEx(&cfg, EmptyKernel, 0));
+       }},
+      {"two EmptyKernels",
+       [&](cudaStream_t s) {
+         EmptyKernel<<<1, 256, 0, s>>>(0);
+         EmptyKernel<<<132, 512, 0, s>>>(0);
+       }},
+  };
+  for (const auto& [what, launches] : calls) captured(what, launches);
+  for (const auto& [what, launches] : calls) chain(what, 20, launches);
+  CK(cudaStreamDestroy(cap));
   if (w) cudaFree(w);
   d.Free();
 }

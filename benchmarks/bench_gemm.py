@@ -14,8 +14,10 @@ Small problems are bound by JAX's per-call dispatch that way (every path reads ~
 function, on N copies of the operands (identical calls on the same operands would be merged by
 XLA, and an optimization barrier does not survive its passes), so that the table compares the
 operations rather than the dispatch. The repeats' outputs stay XLA temporaries, as a layer's do in
-a jitted step (`--chain-live-outputs` returns them all, which costs every path host time per call:
-XLA updates each command of its command buffer whose output moved).
+a jitted step (`--chain-live-outputs` returns them all, which costs every path more host time per
+call). Even chained, a small shape can stay host-bound: XLA updates its command buffer on every call
+(session 22). Under the table, rows where a candidate spent most of its time enqueueing its calls
+(the host's share of the wall time, before the wait for the last call) are listed with that share.
 
 A shape may carry its own chain length, `MxNxK:N`. The default GPU shapes are issue #3's six, its
 two small ones chained 20 per call, so that one run gives the table its targets are read from.
@@ -43,6 +45,7 @@ import jax_gemm_amax as jga
 
 GPU_SHAPES = "8192x8192x8192,4096x4096x4096,16384x8192x1024,2048x28672x8192,256x8192x8192:20,1024x1024x1024:20"
 CPU_SHAPES = "256x256x512,512x512x1024"
+HOST_BOUND_SHARE = 0.8  # a row is listed as host-bound when a candidate spent this share of its time enqueueing
 
 
 def parse_shapes(spec, default_chain):
@@ -55,22 +58,30 @@ def parse_shapes(spec, default_chain):
     return shapes
 
 
-def timed_rounds(fns, args, calls, repeats):
+def timed_rounds(fns, args, calls, repeats, enqueue_share=None):
     """{name: (median seconds per call, first output)} for the functions in fns, which take turns:
     each of `repeats` rounds times `calls` calls of every function, in the same order. These GEMMs
     run at the GPU's power cap, where the clocks drift with what ran before; taking turns exposes
-    every function to the same drift (timed one after the other, the first could read ~5% off)."""
+    every function to the same drift (timed one after the other, the first could read ~5% off).
+    enqueue_share, a dict, gets each function's median share of a round spent enqueueing its calls
+    (before the wait for the last one): near 1, the host sets the time, not the GPU."""
     outs = {name: jax.block_until_ready(fn(*args)) for name, fn in fns.items()}  # compile + warm up
     for fn in fns.values():
         jax.block_until_ready(fn(*args))
     samples = {name: [] for name in fns}
+    shares = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
             start = time.perf_counter()
             for _ in range(calls):
                 last = fn(*args)
+            enqueued = time.perf_counter()
             jax.block_until_ready(last)
-            samples[name].append((time.perf_counter() - start) / calls)
+            total = time.perf_counter() - start
+            samples[name].append(total / calls)
+            shares[name].append((enqueued - start) / total if total > 0 else 1.0)
+    if enqueue_share is not None:
+        enqueue_share.update({name: statistics.median(v) for name, v in shares.items()})
     return {name: (statistics.median(samples[name]), outs[name]) for name in fns}
 
 
@@ -189,6 +200,7 @@ def main():
     header = "| M×N×K | " + " | ".join(candidates) + " | " + " | ".join(f"ours bf16 / {p}" for p in peers) + " |"
     rows = [header, "|" + "---|" * (len(candidates) + len(peers) + 1)]
     ratios = {p: [] for p in peers}
+    host_bound = []  # rows where some candidate spent most of each round enqueueing
     for m, n, k, chain in shapes:
         kx, kw = jax.random.split(jax.random.key(m * 7 + n * 3 + k))
         x = jax.random.normal(kx, (m, k), jnp.float32)
@@ -199,8 +211,8 @@ def main():
         del x, w
         ops = chain_operands((qa, qb, sfa, sfb, xa, xb), chain)
         ref = None
-        tflops = {}
-        for name, (t, out) in timed_rounds(chains[chain], ops, args.calls, args.repeats).items():
+        tflops, share = {}, {}
+        for name, (t, out) in timed_rounds(chains[chain], ops, args.calls, args.repeats, share).items():
             tflops[name] = 2 * m * n * k * chain / t / 1e12
             c, amax = out if chain == 1 else out[0]
             if name.startswith("XLA"):
@@ -220,10 +232,15 @@ def main():
         label = f"{m}×{n}×{k}" + (f" (chain {chain})" if chain > 1 else "")
         rows.append(f"| {label} | {cells} | " + " | ".join(f"{ratios[p][-1]:.2f}" for p in peers) + " |")
         print(rows[-1], flush=True)
+        if on_gpu and max(share.values()) >= HOST_BOUND_SHARE:  # the CPU backend may run a call while enqueueing it
+            host_bound.append(f"{label}: " + ", ".join(f"{c} {share[c]:.2f}" for c in candidates))
     geomean = {p: math.exp(sum(map(math.log, r)) / len(r)) for p, r in ratios.items()}
     rows.append("| geometric mean | " + " | ".join("" for _ in candidates) + " | "
                 + " | ".join(f"**{geomean[p]:.2f}**" for p in peers) + " |")
 
+    if host_bound:
+        rows += ["", f"Host-bound rows (share of the wall time spent enqueueing the calls, ≥ {HOST_BOUND_SHARE} for some candidate): "
+                 + "; ".join(host_bound) + "."]
     table = "\n".join(rows)
     print()
     live = " (live outputs)" if args.chain_live_outputs else ""

@@ -9,8 +9,8 @@ for small shapes, where the kernel is a fraction of the call.
     python benchmarks/profile_chain.py --shape 256x8192x8192 --calls 40 --timeline
 
 XLA flags apply as usual, e.g. XLA_FLAGS=--xla_gpu_enable_command_buffer= (no CUDA graphs).
-The first line also gives the host's share: the time to enqueue a jitted call (20 enqueued back to
-back, then one wait) against the wall time per call; when they are close, the call is host-bound.
+The first line also gives the host's share: of the time for 5 calls enqueued back to back and the wait
+for the last, the part spent enqueueing (bench_gemm.timed_rounds); near 100%, the call is host-bound.
 What XLA does per call with its command buffer (which commands it updates, how long that takes, which
 FFI calls it re-captures) is in its log:
     TF_CPP_MIN_LOG_LEVEL=0 TF_CPP_VMODULE=command_buffer_thunk=3,command_executor=3,custom_call_thunk=3 \
@@ -23,16 +23,14 @@ import argparse
 import collections
 import glob
 import os
-import statistics
 import tempfile
-import time
 
 import jax
 import jax.numpy as jnp
 from jax.profiler import ProfileData
 
 import jax_gemm_amax as jga
-from bench_gemm import build_candidates, chain_operands, chained, timed  # this directory is on sys.path when run as a script
+from bench_gemm import build_candidates, chain_operands, chained, timed_rounds  # this directory is on sys.path when run as a script
 
 
 # The peers, as bench_gemm.py names its candidates (the same jitted functions are profiled).
@@ -48,20 +46,6 @@ def build(peer, m, n, k, calls):
     ops = (qa, qb, sfa, sfb, x.astype(jnp.bfloat16), w.astype(jnp.bfloat16))
     fn = build_candidates(jax.default_backend() == "gpu", "mxfp8_e4m3")[PEERS[peer]]
     return chained(fn, calls), chain_operands(ops, calls)
-
-
-def enqueue_and_wall(fn, ops, calls=20, repeats=5):
-    """Medians over `repeats` of the host time to enqueue one call (`calls` back to back) and of the
-    wall time per call including the wait for the last one."""
-    enqueue, wall = [], []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        outs = [fn(*ops) for _ in range(calls)]
-        t1 = time.perf_counter()
-        jax.block_until_ready(outs)
-        enqueue.append((t1 - t0) / calls)
-        wall.append((time.perf_counter() - t0) / calls)
-    return statistics.median(enqueue), statistics.median(wall)
 
 
 def summarize(xplane_path, top, timeline):
@@ -98,11 +82,11 @@ def main():
     if args.calls < 2:
         parser.error("--calls must be at least 2 (one call per jitted function: bench_gemm.py)")
     fn, ops = build(args.peer, m, n, k, args.calls)
-    t, _ = timed(fn, ops, calls=5, repeats=7)
-    enqueue, wall = enqueue_and_wall(fn, ops)
+    share = {}
+    t, _ = timed_rounds({args.peer: fn}, ops, calls=5, repeats=7, enqueue_share=share)[args.peer]
     print(f"{args.peer} {args.shape}, {args.calls} per jitted call: {t * 1e6:.0f} us per jitted call, "
           f"{t / args.calls * 1e6:.1f} us per operation ({jax.devices()[0].device_kind}); "
-          f"enqueueing a call takes {enqueue * 1e6:.0f} us of {wall * 1e6:.0f} us wall per call")
+          f"{share[args.peer]:.0%} of it enqueueing the calls (near 100%: host-bound)")
     trace_dir = tempfile.mkdtemp(prefix="jga-profile-")
     with jax.profiler.trace(trace_dir):
         for _ in range(args.traced):

@@ -53,14 +53,15 @@ def test_every_repeat_of_a_chain_is_compiled(name, op, live_outputs):
 
 def test_candidates_take_turns_and_get_their_own_medians(monkeypatch):
     """bench_gemm.timed_rounds: every round times each candidate once, in the same order (so that the
-    GPU's clock drift reaches all of them alike), and each median is that candidate's own. A fake
+    GPU's clock drift reaches all of them alike), each median is that candidate's own, and so is
+    its share of time spent enqueueing. A fake
     clock that only the candidates advance keeps the medians exact on a loaded machine."""
     calls = []
     clock = [0.0]
     monkeypatch.setattr(bench_gemm.time, "perf_counter", lambda: clock[0])
     # Each call's cost in its candidate's unit: four warm-up calls, then rounds of (slow, slow, fast,
     # fast). Per round the samples are slow 6, 2, 1 and fast 7, 3, 1: medians 2 and 3, which differ
-    # from each candidate's first and last sample and from its mean.
+    # from each candidate's first and last sample and from its mean (plus half the wait, per call).
     costs = iter([1, 1, 1, 1] + [6, 6, 7, 7, 2, 2, 3, 3, 1, 1, 1, 1])
 
     def candidate(name, unit):
@@ -72,11 +73,19 @@ def test_candidates_take_turns_and_get_their_own_medians(monkeypatch):
         return fn
 
     fns = {"slow": candidate("slow", 1e-3), "fast": candidate("fast", 1e-5)}
-    result = bench_gemm.timed_rounds(fns, (jnp.zeros(()),), calls=2, repeats=3)
+    def wait(x):  # the wait for the last call: 40 us of device time on the fake clock
+        clock[0] += 4e-5
+        return x
+
+    monkeypatch.setattr(bench_gemm.jax, "block_until_ready", wait)
+    share = {}
+    result = bench_gemm.timed_rounds(fns, (jnp.zeros(()),), calls=2, repeats=3, enqueue_share=share)
     assert calls == ["slow", "fast", "slow", "fast"] + ["slow", "slow", "fast", "fast"] * 3
-    assert result["slow"][0] == pytest.approx(2e-3)
-    assert result["fast"][0] == pytest.approx(3e-5)
+    assert result["slow"][0] == pytest.approx(2e-3 + 2e-5)
+    assert result["fast"][0] == pytest.approx(3e-5 + 2e-5)
     assert float(result["slow"][1]) == 1.0
+    # Enqueueing 12, 4, 2 ms before a 40 us wait (slow), 140, 60, 20 us (fast): median shares.
+    assert share == {"slow": pytest.approx(4 / 4.04), "fast": pytest.approx(0.6)}
 
 
 def test_shapes_carry_their_own_chain(monkeypatch, capsys):

@@ -203,6 +203,7 @@ Plan MakePlan(const GemmAmaxProblem& p, int sms, const LaunchOptions& opt, size_
   for (int x = 0; x < 4; ++x) pass_units[x] = PassUnits(p, x);
   const size_t a_copy_bytes = PreconvertedABytes(p);
   const double* const saving = kPreconvertSaving[p.ab_type == OperandType::kE2M1x2 ? 1 : 0];
+  const double pingpong_waves = PingPongWaves(p, sms);  // the A'B' choice's kernel (KernelPre)
   Plan best;
   double best_cost = -1;
   for (int mi = 2; mi >= 1; --mi) {
@@ -251,9 +252,9 @@ Plan MakePlan(const GemmAmaxProblem& p, int sms, const LaunchOptions& opt, size_
         for (int x = 0; x <= 3; ++x) {
           if ((x & ~allowed) != 0 || (pc.required & allowed & ~x) != 0) continue;
           // A'B' (offered to unsplit tile 256 only) runs the ping-pong kernel: its own waves.
-          const double w = x == (kPreA | kPreB) ? PingPongWaves(p, sms) : 0.0;
-          const double c = (x == (kPreA | kPreB) ? w * (wave_units(1) * (1 - saving[x]) + epilogue / 2) + epilogue / 2
-                                                 : gemm - main_loop * saving[x]) +
+          const double c = (x == (kPreA | kPreB)
+                                ? pingpong_waves * (wave_units(1) * (1 - saving[x]) + epilogue / 2) + epilogue / 2
+                                : gemm - main_loop * saving[x]) +
                            pass_units[x];
           if (pre < 0 || c < cost) { pre = x; cost = c; }
         }

@@ -17,7 +17,9 @@ operations rather than the dispatch. The repeats' outputs stay XLA temporaries, 
 a jitted step (`--chain-live-outputs` returns them all, which costs every path more host time per
 call). Even chained, a small shape can stay host-bound: XLA updates its command buffer on every call
 (session 22). Under the table, rows where a candidate spent most of its time enqueueing its calls
-(the host's share of the wall time, before the wait for the last call) are listed with that share.
+(the host's share of the wall time, before the wait for the last call) are listed with that share,
+and with each candidate's GPU work per operation from a jax.profiler trace: what the kernels do
+where the wall time is the host's (the ratios and means above stay by wall time).
 
 A shape may carry its own chain length, `MxNxK:N`. The default GPU shapes are issue #3's six, its
 two small ones chained 20 per call, so that one run gives the table its targets are read from.
@@ -33,9 +35,12 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import glob
 import math
 import os
+import shutil
 import statistics
+import tempfile
 import time
 
 import jax
@@ -83,6 +88,33 @@ def timed_rounds(fns, args, calls, repeats, enqueue_share=None):
     if enqueue_share is not None:
         enqueue_share.update({name: statistics.median(v) for name, v in shares.items()})
     return {name: (statistics.median(samples[name]), outs[name]) for name in fns}
+
+
+def stream_busy_ns(planes):
+    """Nanoseconds of GPU work in a jax.profiler trace's planes: the events (kernels, copies) on the
+    stream lines of the device planes, summed; the idle time between them does not count, nor do
+    the lines that annotate the same time again (XLA modules and ops)."""
+    return sum(e.duration_ns for plane in planes if plane.name.startswith("/device:GPU")
+               for line in plane.lines if line.name.startswith("Stream") for e in line.events)
+
+
+def gpu_busy_per_call(fn, args, calls=4):
+    """Seconds of GPU work per call of fn (stream_busy_ns of a trace of `calls` calls), or None when
+    the trace has none (the CPU backend). Where the host sets the wall time, this is what the GPU did."""
+    from jax.profiler import ProfileData
+
+    jax.block_until_ready(fn(*args))
+    trace_dir = tempfile.mkdtemp(prefix="jga-bench-")
+    try:
+        with jax.profiler.trace(trace_dir):
+            for _ in range(calls):
+                out = fn(*args)
+            jax.block_until_ready(out)
+        paths = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
+        busy = stream_busy_ns(ProfileData.from_file(paths[0]).planes) if paths else 0
+    finally:
+        shutil.rmtree(trace_dir, ignore_errors=True)
+    return busy / calls / 1e9 if busy else None
 
 
 def timed(fn, args, calls, repeats):
@@ -201,6 +233,7 @@ def main():
     rows = [header, "|" + "---|" * (len(candidates) + len(peers) + 1)]
     ratios = {p: [] for p in peers}
     host_bound = []  # rows where some candidate spent most of each round enqueueing
+    gpu_time = []  # those rows kernel for kernel: GPU work per operation from a profiler trace
     for m, n, k, chain in shapes:
         kx, kw = jax.random.split(jax.random.key(m * 7 + n * 3 + k))
         x = jax.random.normal(kx, (m, k), jnp.float32)
@@ -234,6 +267,11 @@ def main():
         print(rows[-1], flush=True)
         if on_gpu and max(share.values()) >= HOST_BOUND_SHARE:  # the CPU backend may run a call while enqueueing it
             host_bound.append(f"{label}: " + ", ".join(f"{c} {share[c]:.2f}" for c in candidates))
+            busy = {c: gpu_busy_per_call(chains[chain][c], ops) for c in candidates}
+            if all(busy.values()):
+                gpu_time.append(f"{label}: " + ", ".join(f"{c} {busy[c] / chain * 1e6:.1f} µs" for c in candidates)
+                                + "; ours bf16 / " + ", / ".join(f"{p} {busy[name] / busy['gemm_amax bf16']:.2f}"
+                                                                 for p, name in peers.items()))
     geomean = {p: math.exp(sum(map(math.log, r)) / len(r)) for p, r in ratios.items()}
     rows.append("| geometric mean | " + " | ".join("" for _ in candidates) + " | "
                 + " | ".join(f"**{geomean[p]:.2f}**" for p in peers) + " |")
@@ -241,6 +279,9 @@ def main():
     if host_bound:
         rows += ["", f"Host-bound rows (share of the wall time spent enqueueing the calls, ≥ {HOST_BOUND_SHARE} for some candidate): "
                  + "; ".join(host_bound) + "."]
+    if gpu_time:
+        rows += ["", "Their GPU work per operation (jax.profiler: kernels and copies on the GPU's streams, idle time "
+                 "excluded), and the ratios by it: " + "; ".join(gpu_time) + "."]
     table = "\n".join(rows)
     print()
     live = " (live outputs)" if args.chain_live_outputs else ""

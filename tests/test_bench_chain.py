@@ -100,6 +100,38 @@ def test_shapes_carry_their_own_chain(monkeypatch, capsys):
     assert "| 128×128×256 |" in out and "| 128×128×256 (chain 2) |" in out
 
 
+def test_gpu_work_counts_stream_events_once():
+    """The host-bound rows' GPU time sums the kernels and copies on the device planes' stream lines:
+    not the host planes, not the lines that annotate the same GPU time again (XLA modules, ops), and
+    not the idle time between events."""
+    from types import SimpleNamespace as NS
+
+    def line(name, *durations):
+        return NS(name=name, events=[NS(duration_ns=d) for d in durations])
+
+    planes = [
+        NS(name="/host:CPU", lines=[line("python", 10_000)]),
+        NS(name="/device:GPU:0", lines=[line("Stream #13(Compute)", 300, 200), line("XLA Ops", 500),
+                                         line("XLA Modules", 700), line("Stream #14(MemcpyD2D)", 40)]),
+        NS(name="/device:GPU:1", lines=[line("Stream #20(Compute)", 7)]),
+    ]
+    assert bench_gemm.stream_busy_ns(planes) == 547
+    assert bench_gemm.stream_busy_ns(planes[:1]) == 0
+
+
+def test_gpu_work_of_a_call_is_measured_on_a_gpu_only():
+    """gpu_busy_per_call traces the calls with jax.profiler: on a GPU, a positive time below the
+    wall time of the calls; on the CPU backend, no GPU stream, so None (the bench lists nothing)."""
+    x = jnp.ones((512, 512), jnp.float32)
+    f = jax.jit(lambda x: x @ x)
+    busy = bench_gemm.gpu_busy_per_call(f, (x,), calls=3)
+    if jax.default_backend() == "gpu":
+        wall, _ = bench_gemm.timed(f, (x,), 3, 3)
+        assert busy is not None and 0 < busy < 2 * wall
+    else:
+        assert busy is None
+
+
 @pytest.mark.parametrize("act_dtype", ["float32", "bfloat16"])
 def test_layer_benchmark_runs_and_its_candidates_agree(monkeypatch, capsys, act_dtype):
     """bench_layer.main on a tiny stack: it asserts that one layer of ours matches the XLA

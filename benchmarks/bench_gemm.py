@@ -98,22 +98,29 @@ def stream_busy_ns(planes):
                for line in plane.lines if line.name.startswith("Stream") for e in line.events)
 
 
-def gpu_busy_per_call(fn, args, calls=4):
-    """Seconds of GPU work per call of fn (stream_busy_ns of a trace of `calls` calls), or None when
-    the trace has none (the CPU backend). Where the host sets the wall time, this is what the GPU did."""
+def profile(fn, args, calls):
+    """A jax.profiler trace of `calls` calls of fn (after one untraced call), loaded (ProfileData),
+    or None when the profiler wrote none. The trace's files are removed."""
     from jax.profiler import ProfileData
 
     jax.block_until_ready(fn(*args))
-    trace_dir = tempfile.mkdtemp(prefix="jga-bench-")
+    trace_dir = tempfile.mkdtemp(prefix="jga-trace-")
     try:
         with jax.profiler.trace(trace_dir):
             for _ in range(calls):
                 out = fn(*args)
             jax.block_until_ready(out)
         paths = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
-        busy = stream_busy_ns(ProfileData.from_file(paths[0]).planes) if paths else 0
+        return ProfileData.from_file(paths[0]) if paths else None
     finally:
         shutil.rmtree(trace_dir, ignore_errors=True)
+
+
+def gpu_busy_per_call(fn, args, calls=4):
+    """Seconds of GPU work per call of fn (stream_busy_ns of a trace of `calls` calls), or None when
+    the trace has none (the CPU backend). Where the host sets the wall time, this is what the GPU did."""
+    data = profile(fn, args, calls)
+    busy = stream_busy_ns(data.planes) if data is not None else 0
     return busy / calls / 1e9 if busy else None
 
 

@@ -21,16 +21,12 @@ from __future__ import annotations
 
 import argparse
 import collections
-import glob
-import os
-import tempfile
 
 import jax
 import jax.numpy as jnp
-from jax.profiler import ProfileData
 
 import jax_gemm_amax as jga
-from bench_gemm import build_candidates, chain_operands, chained, timed_rounds  # this directory is on sys.path when run as a script
+from bench_gemm import build_candidates, chain_operands, chained, profile, timed_rounds  # this directory is on sys.path when run as a script
 
 
 # The peers, as bench_gemm.py names its candidates (the same jitted functions are profiled).
@@ -48,8 +44,8 @@ def build(peer, m, n, k, calls):
     return chained(fn, calls), chain_operands(ops, calls)
 
 
-def summarize(xplane_path, top, timeline):
-    for plane in ProfileData.from_file(xplane_path).planes:
+def summarize(planes, top, timeline):
+    for plane in planes:
         for line in plane.lines:
             events = list(line.events)
             if not events:
@@ -87,12 +83,10 @@ def main():
     print(f"{args.peer} {args.shape}, {args.calls} per jitted call: {t * 1e6:.0f} us per jitted call, "
           f"{t / args.calls * 1e6:.1f} us per operation ({jax.devices()[0].device_kind}); "
           f"{share[args.peer]:.0%} of it enqueueing the calls (near 100%: host-bound)")
-    trace_dir = tempfile.mkdtemp(prefix="jga-profile-")
-    with jax.profiler.trace(trace_dir):
-        for _ in range(args.traced):
-            out = fn(*ops)
-        jax.block_until_ready(out)
-    summarize(glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)[0], args.top, args.timeline)
+    data = profile(fn, ops, args.traced)
+    if data is None:
+        raise SystemExit("jax.profiler wrote no trace")
+    summarize(data.planes, args.top, args.timeline)
 
 
 if __name__ == "__main__":

@@ -113,7 +113,6 @@ bool Run() {
     for (int mode = 0; mode < 3; ++mode) {
       if (mode > 0 && !kinds[k].coop) continue;
       const int iters = 200;
-      bool ok = true;
       CHECK(Go(kinds[k], grid, s, counter, mode, work));  // warm-up
       CHECK(cudaStreamSynchronize(s));
       CHECK(cudaEventRecord(e0, s));
@@ -124,7 +123,7 @@ bool Run() {
       CHECK(cudaEventElapsedTime(&ms, e0, e1));
       unsigned got = 0;
       CHECK(cudaMemcpy(&got, counter, 4, cudaMemcpyDeviceToHost));
-      ok = got == static_cast<unsigned>(grid);
+      const bool ok = got == static_cast<unsigned>(grid);
       // host cost per launch: enqueue 50 back to back (the GPU takes longer, so the queue never fills)
       const auto t0 = std::chrono::steady_clock::now();
       for (int i = 0; i < 50; ++i) CHECK(Go(kinds[k], grid, s, counter, mode, 0));

@@ -4,7 +4,7 @@
 // memory, a 256-byte by-value argument and PDL: what our GEMM launch needs) is registered twice:
 // with an "execute" and a "record" handler, and with "execute" alone. record_probe.py runs each in
 // a 20-call jitted chain and prints the record handler's create / update counts (0 / 0: jax did not
-// pass the record handler through; jax 0.11.2 reads it) and the host time per call.
+// pass the record handler through, as with jax 0.11.2) and the host time per call.
 // Needs jaxlib's xla/ffi/api/record_api.h (jaxlib >= 0.11.2). Build and run (repo root, device):
 //   I=$(python3 -c "import jax; print(jax.ffi.include_dir())"); D=/tmp/record_probe; mkdir -p $D
 //   F="-std=c++17 -arch=sm_90a -I$I -diag-suppress 940,2473"

@@ -91,20 +91,11 @@ const char* Unsupported(const GemmAmaxProblem& p) {
 
 namespace {
 
-// Zeroes amax and the split-K tile counters. It lets the GEMM launch at once (programmatic
-// dependent launch): the GEMM overlaps its start with this kernel and waits for it
-// (griddepcontrol.wait) only before it touches that memory. Before, a cudaMemsetAsync node ran
-// alone between the two.
-__global__ void ResetKernel(float* amax, int n_amax, unsigned int* ready, int n_ready) {
-  asm volatile("griddepcontrol.launch_dependents;");
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n_amax + n_ready; i += gridDim.x * blockDim.x) {
-    if (i < n_amax) {
-      amax[i] = 0.0f;
-    } else {
-      ready[i - n_amax] = 0u;
-    }
-  }
-}
+// Per device: the grid barrier word of the kernel's zeroing round (KParams::reset_word), allocated
+// and zeroed once by Prepare(), outside any stream capture. One word serves every launch on the
+// device, so two launches must not overlap on it: launches on one stream do not (the GEMM lets no
+// dependent start before it ends).
+std::atomic<unsigned int*> g_reset_word[kMaxDevices];
 
 // Tile height (MI) and split-K factor, from a cost model in units of one 64-K MMA unit of a
 // 256-row tile, by waves of work units over the SMs: a unit of tile 128 costs 0.60 (it runs at
@@ -463,14 +454,10 @@ cudaError_t LaunchWithOptions(const GemmAmaxProblem& p, const GemmAmaxBuffers& b
   ctx.device = dev;
   ctx.stream = stream;
 
-  const int n_amax = opt.skip_amax ? 0 : k.l;
-  const int n_ready = plan.splits > 1 ? k.split_tiles : 0;
-  if (n_amax + n_ready > 0 && !(kExperiments && (k.flags & kFlagPassesOnly))) {
-    const int blocks = static_cast<int>(std::min<long long>(CeilDiv(n_amax + n_ready, 256), 1024));
-    ResetKernel<<<blocks, 256, 0, stream>>>(buf.amax, n_amax, k.tile_ready, n_ready);
-    cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) return e;
-    ctx.after_reset = true;
+  // amax and the split-K counters: zeroed by the kernel itself (ResetRound), on this device's word.
+  if (!opt.skip_amax || plan.splits > 1) {
+    k.reset_word = dev < kMaxDevices ? g_reset_word[dev].load(std::memory_order_acquire) : nullptr;
+    if (k.reset_word == nullptr) return cudaErrorNotReady;  // Prepare() did not run on this device
   }
 
   switch (VariantOf(p)) {
@@ -493,6 +480,15 @@ cudaError_t Prepare() {
   if (dev < kMaxDevices && g_prepared[dev].load(std::memory_order_acquire)) return cudaSuccess;
   if (GetEncodeFn() == nullptr) return cudaErrorNotSupported;
   SmCount(dev);
+  if (dev >= kMaxDevices) return cudaErrorInvalidDevice;
+  if (g_reset_word[dev].load(std::memory_order_acquire) == nullptr) {
+    void* word = nullptr;
+    err = cudaMalloc(&word, sizeof(unsigned int));
+    if (err == cudaSuccess) err = cudaMemset(word, 0, sizeof(unsigned int));
+    if (err == cudaSuccess) err = cudaDeviceSynchronize();
+    if (err != cudaSuccess) return err;
+    g_reset_word[dev].store(static_cast<unsigned int*>(word), std::memory_order_release);
+  }
   for (auto prepare : {PrepareVariant0, PrepareVariant1, PrepareVariant2, PrepareVariant3, PrepareVariant4}) {
     err = prepare();
     if (err != cudaSuccess) return err;

@@ -107,6 +107,10 @@ struct KParams {
   int units_total;     // whole_tiles + split_tiles * splits
   unsigned int* tile_ready;  // [split_tiles]
   float* partials;     // [(splits - 1) * split_tiles][kBM * kBN] in the consumers' fragment order
+  // The kernel zeroes amax and tile_ready itself (no kernel before it): CTA 0 writes the zeroes,
+  // then every CTA arrives on one round of this word, and the consumers wait for the round to
+  // complete before their first atomic (ResetRound). nullptr: nothing to zero (no amax, unsplit).
+  unsigned int* reset_word;
 };
 
 // Warpgroups of a CTA: the producer, kConverterWGs B converters, two consumers. Tile height 128
@@ -242,7 +246,7 @@ struct Smem {
   static constexpr int kOffSfA = kOffBufA + kAStages * kBufA;
   static constexpr int kOffSfB = kOffSfA + kRawStages * kSfA;
   static constexpr int kOffBar = kOffSfB + kRawStages * kSfB;
-  static constexpr int kNumBars = 2 * (kRawStages + kBStages + kAStages) + 2;  // + the ping-pong order pair
+  static constexpr int kNumBars = 2 * (kRawStages + kBStages + kAStages) + 3;  // + the ping-pong order pair, the reset round
   static constexpr int kOffStage = (kOffBar + kNumBars * 8 + 127) / 128 * 128;  // epilogue staging, 1 KB per consumer warp
   static constexpr int kBytes = kOffStage + 8 * kStageBytesPerWarp;
   static constexpr int kDynBytes = kBytes + 1024;  // slack for 1024-byte alignment
@@ -680,6 +684,40 @@ __device__ __forceinline__ void WaitForPartials(const KParams& p, const WorkUnit
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(ready) : "memory");
   } while (!__all_sync(0xFFFFFFFFu, seen >= need));
 }
+// The launch's zeroing of amax and the split-K counters, ordered before every CTA's first atomic
+// without a kernel before this one. p.reset_word is a grid barrier word as cooperative groups keep
+// theirs (cooperative_groups/details/sync.h): zeroed once when allocated, never reset; CTA 0 adds
+// 0x80000000 - (CTAs - 1), every other CTA 1, so a complete round flips bit 31 and leaves the low
+// bits at zero for the next launch. Run by one warp per CTA (an idle producer warp): CTA 0's
+// lanes zero, then lane 0 arrives with release and polls with acquire until the bit flips, then
+// arrives on the CTA's reset mbarrier, which the consumers wait for after every main loop (a
+// completed phase: no wait after the first).
+__device__ __forceinline__ void ResetRound(const KParams& p, uint32_t bar_reset, int lane) {
+  if (p.reset_word == nullptr) {  // nothing to zero
+    MbarArriveIf(bar_reset, lane == 0);
+    return;
+  }
+  if (blockIdx.x == 0) {
+    if ((p.flags & kFlagNoAmax) == 0)
+      for (int i = lane; i < p.l; i += 32) p.amax[i] = 0.0f;
+    if (p.splits > 1)
+      for (int i = lane; i < p.split_tiles; i += 32) p.tile_ready[i] = 0u;
+    __threadfence();  // each lane's zeroes visible GPU-wide, then (the warp barrier) lane 0's release
+    __syncwarp();
+  }
+  if (lane == 0) {
+    const uint32_t add = blockIdx.x == 0 ? 0x80000000u - (gridDim.x - 1u) : 1u;
+    uint32_t old, now;
+    asm volatile("atom.add.release.gpu.u32 %0, [%1], %2;" : "=r"(old) : "l"(p.reset_word), "r"(add) : "memory");
+    do {
+      asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(now) : "l"(p.reset_word) : "memory");
+      if (((now ^ old) & 0x80000000u) == 0u) __nanosleep(100);
+    } while (((now ^ old) & 0x80000000u) == 0u);
+    MbarArriveIf(bar_reset, true);
+  }
+  __syncwarp();
+}
+
 template <int MI>
 __device__ __forceinline__ void AddPartials(float (&acc)[MI][64], const KParams& p, const WorkUnit& w, int ctid) {
 #pragma unroll 1
@@ -1107,6 +1145,7 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
   const uint32_t bar_full_a = bar_empty_b + 8 * kBStages;  // pre-converted A only
   const uint32_t bar_empty_a = bar_full_a + 8 * kAStages;
   const uint32_t bar_order = bar_empty_a + 8 * kAStages;  // ping-pong: warpgroup w's turn, w = 0, 1
+  const uint32_t bar_reset = bar_order + 16;  // ResetRound: amax and the split-K counters are zero
 
   // Broadcast from lane 0 so that ptxas can prove the role branches warp-uniform: WGMMA inside a
   // path it considers divergent gets serialized (a wait after every instruction, ptxas C7518).
@@ -1137,6 +1176,7 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
       MbarInit(bar_order + 8, 1);
       MbarArriveIf(bar_order, true);  // warpgroup 0's first main loop may start
     }
+    MbarInit(bar_reset, 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
@@ -1299,6 +1339,8 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
         }
       }
       tr.Flush(p.trace, lane0);
+    } else if (warp_idx == 2) {  // a warp that issues no copies
+      ResetRound(p, bar_reset, lane);
     }
   } else if (warp_idx < R::kFirstConsumerWarp) {
     // ======================= WG1 (and WG2 at MI = 1): B converters =======================
@@ -1669,6 +1711,7 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
         inflight_a_stage = -1;
       }
 
+      MbarWait(bar_reset, 0);  // amax and the split-K counters are zero (ResetRound): before any atomic on them
       if constexpr (kSplitK) {
         const int ctid = threadIdx.x - 32 * R::kFirstConsumerWarp;
         if (wu.split < wu.splits - 1) {

@@ -20,7 +20,6 @@ struct LaunchCtx {
   int mi;
   int device;
   cudaStream_t stream;
-  bool after_reset = false;  // a ResetKernel precedes the GEMM: launch it as its programmatic dependent
   // MI = 2 only: the operands in `pre` (kPreA | kPreB bits; split-K plans: kPreA alone) are
   // converted by PreconvertKernel (pre_a, pre_b) first, then the kPre GEMM runs.
   int pre = 0;
@@ -136,16 +135,15 @@ template <int V, int MI>
 cudaError_t LaunchVariantMI(const LaunchCtx& ctx) {
   if constexpr (MI == 2) {
     if (ctx.pre != 0) {
-      // The operands -> BF16 first, each pass the programmatic dependent of the kernel before it (the
-      // reset kernel, if any, or the other pass), the GEMM that of the last pass. A pass exits only
-      // after its predecessor has completed, so the last pass's completion, which the GEMM's
-      // producer waits for, covers every kernel before it.
+      // The operands -> BF16 first, the second pass the programmatic dependent of the first, the
+      // GEMM that of the last pass. A pass exits only after its predecessor has completed, so the
+      // last pass's completion, which the GEMM's producer waits for, covers every kernel before it.
       const bool split = ctx.params.splits > 1;
       if (split && ctx.pre != kPreA) return cudaErrorInvalidConfiguration;  // split plans: A only (PlanOf)
       cudaError_t err = cudaSuccess;
-      if (ctx.pre & kPreB) err = LaunchPreconvert<V>(ctx.pre_b, ctx.stream, ctx.after_reset);
+      if (ctx.pre & kPreB) err = LaunchPreconvert<V>(ctx.pre_b, ctx.stream, false);
       if (err == cudaSuccess && (ctx.pre & kPreA))
-        err = LaunchPreconvert<V>(ctx.pre_a, ctx.stream, ctx.after_reset || (ctx.pre & kPreB));
+        err = LaunchPreconvert<V>(ctx.pre_a, ctx.stream, (ctx.pre & kPreB) != 0);
       if (err != cudaSuccess) return err;
       if (kExperiments && (ctx.params.flags & kFlagPassesOnly)) return cudaSuccess;
       if (split) return LaunchKernel<V, 2, true, kPreA>(ctx, true);
@@ -159,8 +157,7 @@ cudaError_t LaunchVariantMI(const LaunchCtx& ctx) {
       }
     }
   }
-  return ctx.params.splits > 1 ? LaunchKernel<V, MI, true>(ctx, ctx.after_reset)
-                               : LaunchKernel<V, MI, false>(ctx, ctx.after_reset);
+  return ctx.params.splits > 1 ? LaunchKernel<V, MI, true>(ctx, false) : LaunchKernel<V, MI, false>(ctx, false);
 }
 
 #define JGA_SM90_INSTANTIATE_VARIANT(V)                                            \

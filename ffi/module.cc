@@ -16,6 +16,8 @@ extern "C" XLA_FFI_Error* JgaGemmAmaxCpu(XLA_FFI_CallFrame* call_frame);
 #if JGA_WITH_CUDA
 extern "C" XLA_FFI_Error* JgaGemmAmaxCuda(XLA_FFI_CallFrame* call_frame);
 extern "C" XLA_FFI_Error* JgaGemmAmaxCudaInstantiate(XLA_FFI_CallFrame* call_frame);
+extern "C" XLA_FFI_TypeId* JgaCallSiteStateTypeId();
+extern "C" const XLA_FFI_TypeInfo* JgaCallSiteStateTypeInfo();
 #endif
 
 namespace {
@@ -50,6 +52,17 @@ NB_MODULE(_jax_gemm_amax, m) {
     nb::dict targets;
     targets["jax_gemm_amax_cpu"] = Capsule(JgaGemmAmaxCpu);
     return targets;
+  });
+  m.def("cuda_types", []() {
+    nb::dict types;
+#if JGA_WITH_CUDA
+    // The CUDA handler's per-call-site state (made by its instantiate stage).
+    nb::dict registration;
+    registration["type_id"] = nb::capsule(static_cast<void*>(JgaCallSiteStateTypeId()));
+    registration["type_info"] = nb::capsule(const_cast<void*>(static_cast<const void*>(JgaCallSiteStateTypeInfo())));
+    types["jax_gemm_amax_cuda_call_site"] = registration;
+#endif
+    return types;
   });
   m.def("cuda_targets", []() {
     nb::dict targets;

@@ -23,6 +23,8 @@ BUILT_WITH_CUDA: bool = bool(_ext.built_with_cuda)
 
 for _name, _capsule in _ext.cpu_targets().items():
     jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")
+for _name, _registration in _ext.cuda_types().items():  # the CUDA handler's state, before the handler
+    jax.ffi.register_ffi_type(_name, _registration, platform="CUDA")
 for _name, _capsule in _ext.cuda_targets().items():
     jax.ffi.register_ffi_target(_name, _capsule, platform="CUDA")
 

@@ -10,6 +10,7 @@
 
 #include <array>
 #include <atomic>
+#include <memory>
 #include <string>
 
 #include "common/ffi_problem.h"
@@ -19,9 +20,26 @@
 #endif
 
 namespace jga {
-namespace {
 
 constexpr int kMaxDevices = 64;
+
+// The state of one gemm_amax custom call (one per call site of an executable), made by the
+// instantiate stage: the sm_90 kernel's zeroing word per device (sm90::AllocResetWord). Two calls
+// that XLA runs at the same time (concurrent command-buffer branches) must not share a word.
+struct CallSiteState {
+  static xla::ffi::TypeId id;
+  std::array<unsigned int*, kMaxDevices> reset_word{};
+  CallSiteState() = default;
+  CallSiteState(const CallSiteState&) = delete;
+  CallSiteState& operator=(const CallSiteState&) = delete;
+  ~CallSiteState() {
+    for (unsigned int* word : reset_word)
+      if (word != nullptr) cudaFree(word);  // the executable is gone, and its graphs with it
+  }
+};
+xla::ffi::TypeId CallSiteState::id = {};
+
+namespace {
 
 ffi::Error CudaError(cudaError_t err, const char* what) {
   return ffi::Error::Internal(std::string("gemm_amax: ") + what + ": " + cudaGetErrorName(err) + ": " +
@@ -73,7 +91,7 @@ ffi::Error LaunchSm100(const GemmAmaxProblem& problem, const GemmAmaxBuffers& bu
 constexpr const char* kBuiltKernels = "built kernels: sm_90a (H100/H200); this build has no sm_100a kernels";
 #endif
 
-ffi::Error GemmAmaxCudaImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::AnyBuffer sfa,
+ffi::Error GemmAmaxCudaImpl(cudaStream_t stream, CallSiteState* state, ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::AnyBuffer sfa,
                             ffi::AnyBuffer sfb, ffi::Result<ffi::AnyBuffer> c, ffi::Result<ffi::AnyBuffer> amax,
                             ffi::Result<ffi::AnyBuffer> workspace, int32_t sf_vec_size, int32_t tile_m, int32_t tile_n, int32_t cluster_m,
                             int32_t cluster_n) {
@@ -95,7 +113,10 @@ ffi::Error GemmAmaxCudaImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffe
   if (cc == 90) {
     if (const char* why = sm90::Unsupported(problem))
       return ffi::Error(ffi::ErrorCode::kUnimplemented, std::string("gemm_amax (sm_90): ") + why);
-    err = sm90::Launch(problem, buffers, workspace->untyped_data(), workspace->size_bytes(), stream);
+    unsigned int* reset_word = device < kMaxDevices ? state->reset_word[device] : nullptr;
+    if (reset_word == nullptr) return ffi::Error::Internal("gemm_amax: no reset word for device " + std::to_string(device) +
+                                                           " (the instantiate stage did not prepare it)");
+    err = sm90::Launch(problem, buffers, workspace->untyped_data(), workspace->size_bytes(), stream, reset_word);
     if (err != cudaSuccess) return CudaError(err, "launching the sm_90 kernel");
     return ffi::Error::Success();
   }
@@ -107,17 +128,22 @@ ffi::Error GemmAmaxCudaImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffe
                                                         "); " + kBuiltKernels);
 }
 
-// The instantiate stage runs once per executable, outside CUDA-graph capture: load the kernels
-// of every device now, so that the execute stage never loads a module while XLA records a graph.
-ffi::Error GemmAmaxCudaInstantiateImpl(int32_t, int32_t, int32_t, int32_t, int32_t) {
+// The instantiate stage runs once per executable (per call site), outside CUDA-graph capture: load
+// the kernels of every device now, so that the execute stage never loads a module while XLA records
+// a graph, and make this call site's state (its sm_90 reset words).
+ffi::ErrorOr<std::unique_ptr<CallSiteState>> GemmAmaxCudaInstantiateImpl(int32_t, int32_t, int32_t, int32_t,
+                                                                         int32_t) {
+  using Result = ffi::ErrorOr<std::unique_ptr<CallSiteState>>;
+  const auto fail = [](ffi::Error error) -> Result { return ffi::Unexpected<ffi::Error>(std::move(error)); };
+  auto state = std::make_unique<CallSiteState>();
   int current = 0, count = 0;
   cudaError_t err = cudaGetDevice(&current);
   if (err == cudaSuccess) err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess) return CudaError(err, "listing devices");
-  for (int device = 0; device < count; ++device) {
+  if (err != cudaSuccess) return fail(CudaError(err, "listing devices"));
+  for (int device = 0; device < count && device < kMaxDevices; ++device) {
     int cc = 0;
     ffi::Error status = ComputeCapability(device, &cc);
-    if (status.failure()) return status;
+    if (status.failure()) return fail(std::move(status));
     cudaError_t (*prepare)() = cc == 90 ? sm90::Prepare : nullptr;
 #if defined(JGA_HAVE_SM100)
     if (cc == 100) prepare = sm100::Prepare;
@@ -125,14 +151,15 @@ ffi::Error GemmAmaxCudaInstantiateImpl(int32_t, int32_t, int32_t, int32_t, int32
     if (prepare == nullptr) continue;
     err = cudaSetDevice(device);
     if (err == cudaSuccess) err = prepare();
+    if (err == cudaSuccess && cc == 90) err = sm90::AllocResetWord(&state->reset_word[device]);
     if (err != cudaSuccess) {
       cudaSetDevice(current);
-      return CudaError(err, "loading the kernels");
+      return fail(CudaError(err, "loading the kernels"));
     }
   }
   err = cudaSetDevice(current);
-  if (err != cudaSuccess) return CudaError(err, "restoring the current device");
-  return ffi::Error::Success();
+  if (err != cudaSuccess) return fail(CudaError(err, "restoring the current device"));
+  return Result(std::move(state));
 }
 
 }  // namespace
@@ -144,7 +171,15 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JgaGemmAmaxCudaInstantiate, jga::GemmAmaxCudaInsta
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JgaGemmAmaxCuda, jga::GemmAmaxCudaImpl,
                               xla::ffi::Ffi::Bind()
                                   .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<xla::ffi::State<jga::CallSiteState>>()
                                   JGA_GEMM_AMAX_BINDING_BUFFERS
                                   .Ret<xla::ffi::AnyBuffer>()  // workspace (uint8; may be empty)
                                   JGA_GEMM_AMAX_BINDING_ATTRS,
                               {xla::ffi::Traits::kCmdBufferCompatible});
+
+// The state's type, registered with XLA before the handlers (jax.ffi.register_ffi_type).
+extern "C" XLA_FFI_TypeId* JgaCallSiteStateTypeId() { return &jga::CallSiteState::id; }
+extern "C" const XLA_FFI_TypeInfo* JgaCallSiteStateTypeInfo() {
+  static const XLA_FFI_TypeInfo info = xla::ffi::MakeTypeInfo<jga::CallSiteState>();
+  return &info;
+}

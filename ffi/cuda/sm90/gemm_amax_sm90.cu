@@ -91,10 +91,10 @@ const char* Unsupported(const GemmAmaxProblem& p) {
 
 namespace {
 
-// Per device: the grid barrier word of the kernel's zeroing round (KParams::reset_word), allocated
-// and zeroed once by Prepare(), outside any stream capture. One word serves every launch on the
-// device, so two launches must not overlap on it: launches on one stream do not (the GEMM lets no
-// dependent start before it ends).
+// Per device: the grid barrier word of the kernel's zeroing round (KParams::reset_word) for callers
+// that pass none (the harness, direct users), allocated by Prepare(). Launches on one stream never
+// overlap on it (the GEMM lets no dependent start before it ends); the FFI handler passes a word
+// per call site instead, since XLA may run two calls at once (concurrent command-buffer branches).
 std::atomic<unsigned int*> g_reset_word[kMaxDevices];
 
 // Tile height (MI) and split-K factor, from a cost model in units of one 64-K MMA unit of a
@@ -384,7 +384,11 @@ cudaError_t LaunchWithOptions(const GemmAmaxProblem& p, const GemmAmaxBuffers& b
                              reinterpret_cast<uintptr_t>(buf.c) | reinterpret_cast<uintptr_t>(workspace);
   if ((ptr_bits & 15u) != 0 || buf.amax == nullptr) return cudaErrorMisalignedAddress;
   if (!Prepared()) {
-    cudaError_t e = Prepare();
+    // Preparing loads modules and allocates (and synchronizes the device): never inside a capture.
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    cudaError_t e = cudaStreamIsCapturing(stream, &capturing);
+    if (e == cudaSuccess && capturing != cudaStreamCaptureStatusNone) e = cudaErrorStreamCaptureUnsupported;
+    if (e == cudaSuccess) e = Prepare();
     if (e != cudaSuccess) return e;
   }
   int dev = 0;
@@ -456,7 +460,9 @@ cudaError_t LaunchWithOptions(const GemmAmaxProblem& p, const GemmAmaxBuffers& b
 
   // amax and the split-K counters: zeroed by the kernel itself (ResetRound), on this device's word.
   if (!opt.skip_amax || plan.splits > 1) {
-    k.reset_word = dev < kMaxDevices ? g_reset_word[dev].load(std::memory_order_acquire) : nullptr;
+    k.reset_word = opt.reset_word != nullptr ? opt.reset_word
+                   : dev < kMaxDevices       ? g_reset_word[dev].load(std::memory_order_acquire)
+                                             : nullptr;
     if (k.reset_word == nullptr) return cudaErrorNotReady;  // Prepare() did not run on this device
   }
 
@@ -482,12 +488,10 @@ cudaError_t Prepare() {
   SmCount(dev);
   if (dev >= kMaxDevices) return cudaErrorInvalidDevice;
   if (g_reset_word[dev].load(std::memory_order_acquire) == nullptr) {
-    void* word = nullptr;
-    err = cudaMalloc(&word, sizeof(unsigned int));
-    if (err == cudaSuccess) err = cudaMemset(word, 0, sizeof(unsigned int));
-    if (err == cudaSuccess) err = cudaDeviceSynchronize();
+    unsigned int* word = nullptr;
+    err = AllocResetWord(&word);
     if (err != cudaSuccess) return err;
-    g_reset_word[dev].store(static_cast<unsigned int*>(word), std::memory_order_release);
+    g_reset_word[dev].store(word, std::memory_order_release);
   }
   for (auto prepare : {PrepareVariant0, PrepareVariant1, PrepareVariant2, PrepareVariant3, PrepareVariant4}) {
     err = prepare();
@@ -523,9 +527,24 @@ cudaError_t PlanFor(const GemmAmaxProblem& p, size_t workspace_bytes, const Laun
   return cudaSuccess;
 }
 
+cudaError_t AllocResetWord(unsigned int** word) {
+  void* ptr = nullptr;
+  cudaError_t err = cudaMalloc(&ptr, sizeof(unsigned int));
+  if (err == cudaSuccess) err = cudaMemset(ptr, 0, sizeof(unsigned int));
+  if (err == cudaSuccess) err = cudaDeviceSynchronize();
+  if (err != cudaSuccess) {
+    cudaFree(ptr);
+    return err;
+  }
+  *word = static_cast<unsigned int*>(ptr);
+  return cudaSuccess;
+}
+
 cudaError_t Launch(const GemmAmaxProblem& p, const GemmAmaxBuffers& buf, void* workspace, size_t workspace_bytes,
-                   cudaStream_t stream) {
-  return LaunchWithOptions(p, buf, workspace, workspace_bytes, stream, LaunchOptions{});
+                   cudaStream_t stream, unsigned int* reset_word) {
+  LaunchOptions opt;
+  opt.reset_word = reset_word;
+  return LaunchWithOptions(p, buf, workspace, workspace_bytes, stream, opt);
 }
 
 }  // namespace sm90

@@ -45,10 +45,19 @@ size_t PreconvertedBBytes(const GemmAmaxProblem& p);
 size_t PreconvertedABytes(const GemmAmaxProblem& p);
 size_t WorkspaceBytes(const GemmAmaxProblem& p, bool offer_copies = true);  // false: split-K only
 
-// Enqueues the whole operation on `stream` (amax reset included). No host sync, no allocation,
-// CUDA-graph capturable. Returns the first CUDA error.
+// The kernel zeroes amax and its split-K counters itself, ordered by one round of a grid barrier
+// word in device memory (sm90_kernel.cuh ResetRound): zeroed when allocated, left at zero by every
+// complete round. Launches that may run at the same time must not share a word: one per device
+// per call site (the FFI handler keeps them in its instantiate-stage state); Prepare() makes a
+// per-device one for callers that pass none. AllocResetWord allocates one on the current device;
+// it synchronizes the device, so call it outside stream capture. Free it with cudaFree.
+cudaError_t AllocResetWord(unsigned int** word);
+
+// Enqueues the whole operation on `stream`: one kernel (two or three with the BF16 passes). No host
+// sync, no allocation, CUDA-graph capturable. reset_word: this call site's word on the current
+// device (nullptr: the device's shared one). Returns the first CUDA error.
 cudaError_t Launch(const GemmAmaxProblem& p, const GemmAmaxBuffers& buf, void* workspace, size_t workspace_bytes,
-                   cudaStream_t stream);
+                   cudaStream_t stream, unsigned int* reset_word = nullptr);
 
 // Split-K: the reducer (the last split) takes this many more 64-K MMA units than each other split,
 // and works through them while the others store their partials (the trace at 1024^3: a 64 KB store
@@ -71,6 +80,7 @@ struct LaunchOptions {
   int split_bonus_units = -1;  // -1: kSplitReducerBonusUnits; else the split-K reducer's extra 64-K units
   int experiment_flags = 0;  // internal timing experiments (see sm90_kernel.cuh kFlag*); results are wrong
   unsigned long long* trace = nullptr;  // kTraceSlots device counters, used by -DJGA_SM90_TRACE builds only
+  unsigned int* reset_word = nullptr;   // see Launch
 };
 cudaError_t LaunchWithOptions(const GemmAmaxProblem& p, const GemmAmaxBuffers& buf, void* workspace,
                               size_t workspace_bytes, cudaStream_t stream, const LaunchOptions& opt);

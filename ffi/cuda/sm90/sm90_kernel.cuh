@@ -28,9 +28,9 @@
 //   * CTA tile: (128*MI) x 128 (MI = 1 or 2, picked by the host's cost model). A work unit is a
 //     tile, or, in the kSplitK kernels (problems with few tiles), one of `splits` K ranges of a
 //     tile: the other splits hand fp32 partial tiles to the last one through a device workspace.
-//   * amax and the split-K counters are zeroed by a tiny reset kernel launched just before; this
-//     kernel is its programmatic dependent (it starts at once and waits, griddepcontrol.wait,
-//     only before it touches that memory).
+//   * amax and the split-K counters are zeroed by this kernel (CTA 0), ordered before every
+//     CTA's first atomic on them by one round of a grid barrier word that needs no reset
+//     (ResetRound): no kernel runs before it for that.
 //   * Conversion: the code's bits are moved into BF16 position with PRMT/SHF/LOP (value * 2^-O
 //     exactly, subnormals included), then multiplied (BF16 HMUL2, exact) by a per-group
 //     power-of-two (e8m0) or e4m3 multiplier that also undoes 2^-O (a second multiply only when an
@@ -455,8 +455,8 @@ __device__ __forceinline__ float AbsMaxNaN(float m, float v) {
 }
 
 // Programmatic dependent launch: the kernel may start while the grids before it still run (the
-// reset kernel, which zeroes amax and the split-K counters, and any PreconvertKernel pass); every
-// access to their output waits for them first. Without the launch attribute this returns at once.
+// PreconvertKernel passes); every access to their output waits for them first. Without the launch
+// attribute this returns at once.
 __device__ __forceinline__ void WaitForPrecedingGrids() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 // The 256 consumer threads (named barrier 1; 0 is __syncthreads).
 __device__ __forceinline__ void ConsumerBarrier() { asm volatile("bar.sync 1, 256;" ::: "memory"); }
@@ -628,7 +628,6 @@ __device__ __forceinline__ void StorePair(void* c, size_t idx, float v0, float v
 }
 
 __device__ __forceinline__ void FlushAmax(float m, float* amax, int l) {
-  WaitForPrecedingGrids();
   uint32_t bits = __float_as_uint(m) & 0x7FFFFFFFu;
   bits = __reduce_max_sync(0xFFFFFFFFu, bits);
   // A predicated reduction, not a branch: a divergent branch in the consumer's tile loop makes
@@ -664,7 +663,6 @@ __device__ __forceinline__ void StorePartial(const float (&acc)[MI][64], const K
       __stcg(dst + (mi * 16 + j) * 256, make_float4(acc[mi][4 * j], acc[mi][4 * j + 1], acc[mi][4 * j + 2], acc[mi][4 * j + 3]));
   // The barrier orders every consumer thread's stores before thread 0's release (cumulativity).
   ConsumerBarrier();
-  WaitForPrecedingGrids();
   asm volatile(
       "{\n"
       ".reg .pred p;\n"
@@ -676,7 +674,6 @@ __device__ __forceinline__ void StorePartial(const float (&acc)[MI][64], const K
 }
 // The reducer: waits until the tile's other splits have counted themselves in, then adds them.
 __device__ __forceinline__ void WaitForPartials(const KParams& p, const WorkUnit& w) {
-  WaitForPrecedingGrids();
   const uint32_t need = static_cast<uint32_t>(w.splits - 1);
   const unsigned int* ready = p.tile_ready + (w.tile - p.whole_tiles);
   uint32_t seen;

@@ -114,7 +114,7 @@ cudaError_t LaunchKernel(const LaunchCtx& ctx, bool programmatic) {
 }
 
 // programmatic: launched as the programmatic dependent of the kernel before it on the stream (the
-// reset kernel or the other pass), which it does not read: its CTAs fill the SMs as that grid
+// other pass), which it does not read: its CTAs fill the SMs as that grid
 // drains instead of after it; PreconvertKernel waits for that grid before it exits (see there).
 template <int V>
 cudaError_t LaunchPreconvert(const PreconvertParams& q, cudaStream_t stream, bool programmatic) {

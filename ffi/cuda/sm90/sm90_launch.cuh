@@ -51,21 +51,33 @@ cudaError_t PrepareVariant2();
 cudaError_t PrepareVariant3();
 cudaError_t PrepareVariant4();
 
+// A launch (cooperative: not for the occupancy query) is cooperative: its CTAs wait for each other
+// (the zeroing round, split-K partials), so all of them must be resident at once even when another
+// kernel runs beside it (another stream, a concurrent command-buffer branch); two persistent grids
+// sharing the SMs could otherwise each hold SMs that the other's missing CTAs need.
 template <int V, int MI, int kPre>
-cudaLaunchConfig_t LaunchConfig(int grid, cudaStream_t stream, cudaLaunchAttribute* attr, bool programmatic) {
+cudaLaunchConfig_t LaunchConfig(int grid, cudaStream_t stream, cudaLaunchAttribute* attr, bool programmatic,
+                                bool cooperative) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(grid, 1, 1);
   cfg.blockDim = dim3(Roles<MI>::kThreads, 1, 1);
   cfg.dynamicSmemBytes = Smem<V, MI, kPre>::kDynBytes;
   cfg.stream = stream;
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = Smem<V, MI, kPre>::kClusterCTAs;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  unsigned n = 0;
+  attr[n].id = cudaLaunchAttributeClusterDimension;
+  attr[n].val.clusterDim.x = Smem<V, MI, kPre>::kClusterCTAs;
+  attr[n].val.clusterDim.y = 1;
+  attr[n++].val.clusterDim.z = 1;
+  if (programmatic) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cooperative) {
+    attr[n].id = cudaLaunchAttributeCooperative;
+    attr[n++].val.cooperative = 1;
+  }
   cfg.attrs = attr;
-  cfg.numAttrs = programmatic ? 2 : 1;
+  cfg.numAttrs = n;
   return cfg;
 }
 
@@ -78,8 +90,8 @@ cudaError_t ConfigureKernel() {
   int dev = 0;
   err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return err;
-  cudaLaunchAttribute attr[2];
-  const cudaLaunchConfig_t cfg = LaunchConfig<V, MI, kPre>(S::kClusterCTAs * 1024, nullptr, attr, false);
+  cudaLaunchAttribute attr[3];
+  const cudaLaunchConfig_t cfg = LaunchConfig<V, MI, kPre>(S::kClusterCTAs * 1024, nullptr, attr, false, false);
   int clusters = 0;
   err = cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg);
   if (err != cudaSuccess) return err;
@@ -108,8 +120,8 @@ template <int V, int MI, bool kSplitK, int kPre = 0>
 cudaError_t LaunchKernel(const LaunchCtx& ctx, bool programmatic) {
   const int fit = ctx.device < kMaxDevices ? MaxActiveClusters(ctx.device, V, MI, KernelKind(kSplitK, kPre)) : 0;
   const int grid = fit > 0 ? std::min(ctx.grid, fit * Smem<V, MI, kPre>::kClusterCTAs) : ctx.grid;
-  cudaLaunchAttribute attr[2];
-  const cudaLaunchConfig_t cfg = LaunchConfig<V, MI, kPre>(grid, ctx.stream, attr, programmatic);
+  cudaLaunchAttribute attr[3];
+  const cudaLaunchConfig_t cfg = LaunchConfig<V, MI, kPre>(grid, ctx.stream, attr, programmatic, true);
   return cudaLaunchKernelEx(&cfg, GemmAmaxKernel<V, MI, kSplitK, kPre>, ctx.tm_a, ctx.tm_b, ctx.params);
 }
 

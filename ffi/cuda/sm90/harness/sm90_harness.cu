@@ -368,6 +368,35 @@ static void SetPre(sm90::LaunchOptions& o, int pre) {
 // "", "A", "B" or "AB": the operands a launch pre-converts.
 static const char* PreName(bool a, bool b) { return a ? (b ? "AB" : "A") : b ? "B" : ""; }
 
+// A finished launch's C and amax (device buffers d, problem hp with its c_type) against ref.
+struct Outputs {
+  int64_t bad = 0, first_bad = -1;
+  double worst = 0;
+  std::vector<float> amax;
+  bool amax_ok = true;
+};
+static Outputs Compare(const HostProblem& hp, const Ref& ref, const DevBufs& d) {
+  const GemmAmaxProblem& p = hp.p;
+  Outputs out;
+  std::vector<uint8_t> c(d.c_bytes);
+  out.amax.resize(p.batch);
+  CK(cudaMemcpy(c.data(), d.c, d.c_bytes, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(out.amax.data(), d.amax, sizeof(float) * p.batch, cudaMemcpyDeviceToHost));
+  const int64_t total = p.batch * p.m * p.n;
+  for (int64_t i = 0; i < total; ++i) {
+    if (!CheckElem(p.c_type, c.data(), i, ref.c[i], ref.sumabs[i], &out.worst)) {
+      if (out.first_bad < 0) out.first_bad = i;
+      ++out.bad;
+    }
+  }
+  for (int64_t l = 0; l < p.batch; ++l) {
+    const double r = ref.amax[l];
+    const float a = out.amax[l];
+    out.amax_ok &= std::isnan(r) ? std::isnan(a) : !std::isnan(a) && std::fabs(a - r) <= 1e-5 * ref.max_sumabs + 1e-30;
+  }
+  return out;
+}
+
 // Runs the kernel on hp (with c_type set) and compares against ref.
 static bool RunAndCheck(HostProblem& hp, const Ref& ref, OutputType ct, int force_tile, const char* tag,
                         int force_splits = 0, int force_whole_tiles = -1, int pre = -1) {
@@ -391,30 +420,12 @@ static bool RunAndCheck(HostProblem& hp, const Ref& ref, OutputType ct, int forc
   CK(cudaGetLastError());
   CK(cudaDeviceSynchronize());
   const sm90::PlanInfo plan = PlanH(p, opt);  // what the launch did (the operands it pre-converted), for the report
-  std::vector<uint8_t> c(d.c_bytes);
-  std::vector<float> amax(p.batch);
-  CK(cudaMemcpy(c.data(), d.c, d.c_bytes, cudaMemcpyDeviceToHost));
-  CK(cudaMemcpy(amax.data(), d.amax, sizeof(float) * p.batch, cudaMemcpyDeviceToHost));
+  const Outputs out = Compare(hp, ref, d);
   d.Free();
-  int64_t bad = 0, first_bad = -1;
-  double worst = 0;
-  const int64_t total = p.batch * p.m * p.n;
-  for (int64_t i = 0; i < total; ++i) {
-    if (!CheckElem(ct, c.data(), i, ref.c[i], ref.sumabs[i], &worst)) {
-      if (first_bad < 0) first_bad = i;
-      ++bad;
-    }
-  }
-  bool amax_ok = true;
-  for (int64_t l = 0; l < p.batch; ++l) {
-    const double r = ref.amax[l];
-    if (std::isnan(r)) {
-      amax_ok &= std::isnan(amax[l]);
-    } else {
-      amax_ok &= !std::isnan(amax[l]) && std::fabs(amax[l] - r) <= 1e-5 * ref.max_sumabs + 1e-30;
-    }
-  }
-  const bool ok = bad == 0 && amax_ok;
+  const std::vector<float>& amax = out.amax;
+  const int64_t bad = out.bad, first_bad = out.first_bad, total = p.batch * p.m * p.n;
+  const double worst = out.worst;
+  const bool ok = bad == 0 && out.amax_ok;
   if (ok) {
     ++g_pass;
   } else {
@@ -547,6 +558,68 @@ static void TestAll() {
       ok ? ++g_pass : ++g_fail;
       printf("  [%s] amax reset (second call, B = 0): amax = %g %g\n", ok ? "PASS" : "FAIL", amax[0], amax[1]);
     }
+  }
+  // Two call sites, as XLA runs them: each launch captured into a CUDA graph with its own
+  // workspace and reset word (sm90::AllocResetWord), the two graphs replayed at the same time on two
+  // streams, C, amax and the workspaces poisoned before every replay. A split-K plan and one
+  // without split, so that both the zeroing round and the split-K hand-over are in play.
+  {
+    const Combo cb = kCombos[0];
+    HostProblem hp = MakeProblem(cb, 2, 300, 264, 1056, rng, 118, 136);
+    hp.p.c_type = OutputType::kF32;
+    const Ref ref = Reference(hp);
+    struct Site {
+      DevBufs d;
+      void* ws = nullptr;
+      size_t ws_bytes = 0;
+      unsigned int* word = nullptr;
+      cudaStream_t stream = nullptr;
+      cudaGraphExec_t exec = nullptr;
+    } sites[2];
+    for (int i = 0; i < 2; ++i) {
+      Site& st = sites[i];
+      st.d = Upload(hp);
+      sm90::LaunchOptions o;
+      o.force_splits = i == 0 ? 2 : 1;
+      st.ws_bytes = WorkspaceFor(hp.p, o);
+      CK(cudaMalloc(&st.ws, st.ws_bytes));
+      CK(sm90::AllocResetWord(&st.word));
+      o.reset_word = st.word;
+      CK(cudaStreamCreateWithFlags(&st.stream, cudaStreamNonBlocking));
+      cudaGraph_t g;
+      CK(cudaStreamBeginCapture(st.stream, cudaStreamCaptureModeThreadLocal));
+      const cudaError_t launched = sm90::LaunchWithOptions(hp.p, Bufs(st.d), st.ws, st.ws_bytes, st.stream, o);
+      CK(cudaStreamEndCapture(st.stream, &g));
+      CK(launched);
+      CK(cudaGraphInstantiate(&st.exec, g, 0));
+      CK(cudaGraphDestroy(g));
+    }
+    int good = 0;
+    for (int replay = 0; replay < 3; ++replay) {
+      for (Site& st : sites) {
+        CK(cudaMemset(st.d.c, 0xFF, st.d.c_bytes));
+        CK(cudaMemset(st.d.amax, 0x7F, sizeof(float) * hp.p.batch));
+        CK(cudaMemset(st.ws, 0xFF, st.ws_bytes));
+      }
+      CK(cudaDeviceSynchronize());
+      for (Site& st : sites) CK(cudaGraphLaunch(st.exec, st.stream));
+      CK(cudaDeviceSynchronize());
+      for (Site& st : sites) {
+        const Outputs out = Compare(hp, ref, st.d);
+        good += out.bad == 0 && out.amax_ok;
+      }
+    }
+    for (Site& st : sites) {
+      cudaGraphExecDestroy(st.exec);
+      cudaStreamDestroy(st.stream);
+      cudaFree(st.ws);
+      cudaFree(st.word);
+      st.d.Free();
+    }
+    const bool ok = good == 6;
+    ok ? ++g_pass : ++g_fail;
+    printf("  [%s] two call sites, graphs replayed together on two streams (split 2 and 1), poisoned: %d of 6 right\n",
+           ok ? "PASS" : "FAIL", good);
   }
   printf("\nTEST SUMMARY: %d passed, %d failed\n", g_pass, g_fail);
 }

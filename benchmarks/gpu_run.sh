@@ -29,7 +29,8 @@ stamp "built and installed"
 
 cd /tmp  # import the installed package, not the source tree
 so=$(python3 -c "import jax_gemm_amax._jax_gemm_amax as e; print(e.__file__)")
-echo "SASS: HGMMA $(cuobjdump --dump-sass "$so" | grep -c HGMMA), local-memory ops $(cuobjdump --dump-sass "$so" | grep -cE '\b(LDL|STL)\b')"
+cuobjdump --dump-sass "$so" > /tmp/jga-sass.txt  # once: a dump of the whole extension takes a while
+echo "SASS: HGMMA $(grep -c HGMMA /tmp/jga-sass.txt), local-memory ops $(grep -cE '\b(LDL|STL)\b' /tmp/jga-sass.txt)"
 
 if run_stage tests; then
   timeout 480 python3 -m pytest -q -rs -p no:cacheprovider --durations=10 "$REPO/tests" > "$OUT/pytest.log" 2>&1

@@ -2,6 +2,10 @@
 CUDA kernel on a GPU machine)."""
 
 import itertools
+import os
+import subprocess
+import sys
+import textwrap
 
 import jax
 import jax.numpy as jnp
@@ -304,3 +308,49 @@ def test_preconverted_operands_match_in_kernel_conversion(fmt, m, n, k, pre, spl
     ref = np.asarray(jga.dequantize(qa, sfa, sfv), np.float64) @ np.asarray(jga.dequantize(qb, sfb, sfv), np.float64).T
     np.testing.assert_allclose(np.asarray(results["1"].c), ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
     np.testing.assert_allclose(float(results["1"].amax), np.abs(ref).max(), rtol=1e-5)
+
+
+_CONCURRENT_CALLS = textwrap.dedent(
+    """
+    import jax, jax.numpy as jnp, numpy as np
+    import jax_gemm_amax as jga
+
+    # Two split-K shapes (fp32 partials handed between CTAs) and two unsplit ones, each its own data.
+    shapes = [(256, 4096, 8192), (256, 4096, 8192), (2048, 2048, 1024), (2048, 2048, 1024)]
+    operands, refs = [], []
+    for i, (m, n, k) in enumerate(shapes):
+        kx, kw = jax.random.split(jax.random.key(i))
+        qa, sfa = jga.quantize(jax.random.normal(kx, (m, k), jnp.float32) * (i + 1), "mxfp8_e4m3")
+        qb, sfb = jga.quantize(jax.random.normal(kw, (n, k), jnp.float32), "mxfp8_e4m3")
+        operands.append((qa, qb, sfa, sfb))
+        ref = jnp.dot(jga.dequantize(qa, sfa, 32), jga.dequantize(qb, sfb, 32).T, precision=jax.lax.Precision.HIGHEST)
+        refs.append((ref, jnp.max(jnp.abs(ref))))
+
+    @jax.jit  # four independent calls: parallel branches of one command buffer under CONCURRENT
+    def four(operands):
+        return [jga.gemm_amax(*ops, c_dtype=jnp.bfloat16) for ops in operands]
+
+    for call in range(5):
+        for i, ((c, amax), (ref, ref_amax)) in enumerate(zip(four(operands), refs)):
+            wrong = int(jnp.sum(jnp.abs(c.astype(jnp.float32) - ref) > 2.0**-7 * jnp.abs(ref) + 1e-4 * ref_amax))
+            assert wrong == 0, (call, i, wrong)
+            np.testing.assert_allclose(float(amax), float(ref_amax), rtol=1e-5, err_msg=f"call {call}, gemm {i}")
+    print("OK")
+    """
+)
+
+
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="XLA's concurrent command-buffer branches on the GPU")
+def test_independent_calls_in_concurrent_command_buffer_branches():
+    """Four independent gemm_amax calls in one jit, under XLA's CONCURRENT command-buffer scheduling
+    (independent commands become parallel graph branches, so the GPU may run the kernels at once).
+    Each call site zeroes its amax and split-K counters behind its own grid-barrier word, and the
+    kernels launch cooperatively (a grid's CTAs all resident), so two grids that wait on their own
+    CTAs can neither mix rounds nor deadlock on SMs the other holds. A hang is caught by the timeout."""
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = "--xla_gpu_command_buffer_scheduling_mode=CONCURRENT --xla_gpu_graph_min_graph_size=1"
+    run = subprocess.run(  # cwd: not the repository root, whose source tree would shadow the package
+        [sys.executable, "-c", _CONCURRENT_CALLS], capture_output=True, text=True, env=env, timeout=240,
+        cwd=os.path.dirname(os.path.abspath(__file__)),
+    )
+    assert run.returncode == 0 and run.stdout.strip().endswith("OK"), run.stdout + run.stderr[-4000:]

@@ -400,7 +400,7 @@ cudaError_t LaunchWithOptions(const GemmAmaxProblem& p, const GemmAmaxBuffers& b
   const Plan plan = PlanOf(p, sms, opt, workspace_bytes, &pre);
   const int mi = plan.mi;
 
-  LaunchCtx ctx;
+  LaunchCtx ctx{};  // zeroed: a field left unset (reset_word without amax or split) reads as null
   const int kernel_pre = KernelPre(plan, pre, opt);
   const int cluster = ClusterCTAs(kernel_pre), tile_rows = TileRows(kernel_pre, mi);
   const uint64_t kbytes = static_cast<uint64_t>(p.operand_row_bytes());

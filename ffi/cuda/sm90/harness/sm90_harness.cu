@@ -558,6 +558,30 @@ static void TestAll() {
       ok ? ++g_pass : ++g_fail;
       printf("  [%s] amax reset (second call, B = 0): amax = %g %g\n", ok ? "PASS" : "FAIL", amax[0], amax[1]);
     }
+    // Without amax (LaunchOptions::skip_amax, the amax-cost timing): C right, amax left as it was
+    // (poisoned), unsplit (nothing to zero: no zeroing round) and split 2 (the round zeroes the
+    // counters only).
+    for (int splits : {1, 2}) {
+      HostProblem hp = MakeProblem(cb, 2, 300, 264, 1056, rng, 118, 136);
+      hp.p.c_type = OutputType::kF32;
+      const Ref ref = Reference(hp);
+      DevBufs d = Upload(hp);
+      CK(cudaMemset(d.c, 0xFF, d.c_bytes));
+      CK(cudaMemset(d.amax, 0x7F, sizeof(float) * hp.p.batch));
+      if (g_ws != nullptr) CK(cudaMemset(g_ws, 0xFF, g_ws_bytes));
+      sm90::LaunchOptions o;
+      o.skip_amax = true;
+      o.force_splits = splits;
+      CK(LaunchH(hp.p, Bufs(d), o));
+      CK(cudaDeviceSynchronize());
+      const Outputs out = Compare(hp, ref, d);
+      d.Free();
+      bool ok = out.bad == 0;
+      for (float a : out.amax) ok &= FloatToBits(a) == 0x7F7F7F7Fu;
+      ok ? ++g_pass : ++g_fail;
+      printf("  [%s] no amax (skip_amax), splits=%d: bad=%lld, amax[0] bits %08x (poison 7f7f7f7f)\n", ok ? "PASS" : "FAIL",
+             splits, static_cast<long long>(out.bad), FloatToBits(out.amax[0]));
+    }
   }
   // Two call sites, as XLA runs them: each launch captured into a CUDA graph with its own
   // workspace and reset word (sm90::AllocResetWord), the two graphs replayed at the same time on two

@@ -51,10 +51,11 @@ cudaError_t PrepareVariant2();
 cudaError_t PrepareVariant3();
 cudaError_t PrepareVariant4();
 
-// A launch (cooperative: not for the occupancy query) is cooperative: its CTAs wait for each other
-// (the zeroing round, split-K partials), so all of them must be resident at once even when another
-// kernel runs beside it (another stream, a concurrent command-buffer branch); two persistent grids
-// sharing the SMs could otherwise each hold SMs that the other's missing CTAs need.
+// The GEMM's launch configuration. cooperative (every launch; not the occupancy query): its CTAs
+// wait for each other (the zeroing round, split-K partials), so all of them must be resident at
+// once even when another kernel runs beside it (another stream, a concurrent command-buffer
+// branch); two persistent grids sharing the SMs could otherwise each hold SMs that the other's
+// missing CTAs need.
 template <int V, int MI, int kPre>
 cudaLaunchConfig_t LaunchConfig(int grid, cudaStream_t stream, cudaLaunchAttribute* attr, bool programmatic,
                                 bool cooperative) {

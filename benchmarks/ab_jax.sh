@@ -7,7 +7,9 @@
 #   mkdir -p other/B && git archive BRANCH | tar -x -C other/B   # here; other/ travels untracked
 #   benchmarks/ab_jax.sh other/B 8192x8192x8192,16384x8192x1024  # there
 # Environment: JGA_AB_ROUNDS (default 2), JGA_AB_REPEATS (bench --repeats, default 5),
-# JGA_AB_ARCHS (default 90a), JGA_AB_FORMAT (bench --format, default mxfp8_e4m3).
+# JGA_AB_ARCHS (default 90a), JGA_AB_FORMAT (bench --format, default mxfp8_e4m3), JGA_AB_ARGS (more
+# bench arguments, e.g. "--scan"); XLA_FLAGS reaches both sides. Small calls under lax.scan, say:
+#   XLA_FLAGS=--xla_gpu_graph_min_graph_size=1 JGA_AB_ARGS=--scan benchmarks/ab_jax.sh other/B 1024x1024x1024:20
 set -uo pipefail
 B=${1:?usage: benchmarks/ab_jax.sh B_TREE [SHAPES]}
 SHAPES=${2:-8192x8192x8192,16384x8192x1024,2048x28672x8192,4096x4096x4096}
@@ -25,6 +27,6 @@ for round in $(seq "${JGA_AB_ROUNDS:-2}"); do
   for side in A B; do
     if [ $side = A ]; then install "$REPO" /tmp/ab-build-A; else install "$B" /tmp/ab-build-B; fi
     echo "== round $round, $side"
-    timeout 200 python3 /tmp/ab_bench.py --shapes "$SHAPES" --repeats "${JGA_AB_REPEATS:-5}" --format "${JGA_AB_FORMAT:-mxfp8_e4m3}" | sed -n '/2MNK/,$p' | grep -E "^\| [0-9]|geometric"
+    timeout 200 python3 /tmp/ab_bench.py --shapes "$SHAPES" --repeats "${JGA_AB_REPEATS:-5}" --format "${JGA_AB_FORMAT:-mxfp8_e4m3}" ${JGA_AB_ARGS:-} | sed -n '/2MNK/,$p' | grep -E "^\| [0-9]|geometric"
   done
 done

@@ -21,6 +21,11 @@ call). Even chained, a small shape can stay host-bound: XLA updates its command 
 and with each candidate's GPU work per operation from a jax.profiler trace: what the kernels do
 where the wall time is the host's (the ratios and means above stay by wall time).
 
+`--scan` runs each chain as `lax.scan` over the stacked operands instead (a stack of layers, as a
+model runs them): with jax 0.11.2 the loop runs on the host, one body per iteration, and XLA folds
+the slices of the stacked operands into the call (session 23). Its outputs are checked from a
+second, untimed scan that returns every iteration's C and amax.
+
 A shape may carry its own chain length, `MxNxK:N`. The default GPU shapes are issue #3's six, its
 two small ones chained 20 per call, so that one run gives the table its targets are read from.
 
@@ -29,6 +34,7 @@ two small ones chained 20 per call, so that one run gives the table its targets 
     python benchmarks/bench_gemm.py --format nvfp4  # NVFP4 operands (a peer that cannot run it: n/a)
     python benchmarks/bench_gemm.py --chain 20      # 20 repeats per jitted call for every shape
     python benchmarks/bench_gemm.py --shapes 8192x8192x8192,1024x1024x1024:20
+    python benchmarks/bench_gemm.py --shapes 1024x1024x1024:20 --scan
 """
 
 from __future__ import annotations
@@ -155,6 +161,34 @@ def chained(fn, n, live_outputs=False):
     return run
 
 
+def scanned(fn, n, all_outputs=False):
+    """fn run n times in one jitted call as lax.scan over stacked operands (stack_operands), iteration
+    i on slice i. Returns, as chained's default form reads each repeat, the sum over iterations of
+    C[0, 0] (+ amax) behind an optimization barrier; all_outputs=True returns every iteration's
+    (C, amax) stacked instead (the check; it makes C a loop output, so it is not what is timed)."""
+    if n == 1:
+        return fn
+
+    @jax.jit
+    def run(*stacked):
+        def body(acc, ops):
+            c, amax = fn(*ops)
+            if all_outputs:
+                return acc, (c, amax)
+            c = jax.lax.optimization_barrier(c)
+            return acc + c[0, 0].astype(jnp.float32) + (0.0 if amax is None else amax.astype(jnp.float32)), None
+
+        acc, outs = jax.lax.scan(body, jnp.float32(0), stacked)
+        return outs if all_outputs else acc
+
+    return run
+
+
+def stack_operands(ops, n):
+    """The arguments of scanned(fn, n): each operand stacked n times along a new leading axis."""
+    return ops if n == 1 else tuple(jnp.stack([x] * n) for x in ops)
+
+
 def chain_operands(ops, n):
     """The arguments of chained(fn, n): the operands, or n copies of them."""
     return ops if n == 1 else tuple(ops if i == 0 else tuple(jnp.copy(x) for x in ops) for i in range(n))
@@ -220,17 +254,23 @@ def main():
                         help="repeats of the operation inside one jitted call, for shapes without their own ':chain'")
     parser.add_argument("--chain-live-outputs", action="store_true",
                         help="return every repeat's C from the chain (program outputs) instead of keeping them temporary")
+    parser.add_argument("--scan", action="store_true",
+                        help="run each chain as lax.scan over stacked operands instead of unrolled on copies")
     parser.add_argument("--format", default="mxfp8_e4m3", choices=sorted(jga.FORMATS), help="operand format")
     parser.add_argument("--record", action="store_true", help="append the table to benchmarks/RESULTS.md")
     args = parser.parse_args()
+    if args.scan and args.chain_live_outputs:
+        parser.error("--scan keeps each iteration's C inside the loop: it does not combine with --chain-live-outputs")
     fmt, sfv = args.format, jga.FORMATS[args.format].sf_vec_size
 
     on_gpu = jax.default_backend() == "gpu"
     shape_spec = args.shapes or (GPU_SHAPES if on_gpu else CPU_SHAPES)
     shapes = parse_shapes(shape_spec, args.chain)
     candidates = build_candidates(on_gpu, fmt)
-    chains = {n: {name: chained(fn, n, args.chain_live_outputs) for name, fn in candidates.items()}
-              for n in sorted({chain for *_, chain in shapes})}
+    def form(fn, n):
+        return scanned(fn, n) if args.scan else chained(fn, n, args.chain_live_outputs)
+
+    chains = {n: {name: form(fn, n) for name, fn in candidates.items()} for n in sorted({chain for *_, chain in shapes})}
     device = jax.devices()[0].device_kind
 
     peers = {"cuBLAS bf16": "bf16 dot, no scales (cuBLAS)", "XLA dequant": "XLA dequant→bf16 dot→amax"}
@@ -249,27 +289,32 @@ def main():
         qb, sfb = jga.quantize(w, fmt)
         xa, xb = x.astype(jnp.bfloat16), w.astype(jnp.bfloat16)
         del x, w
-        ops = chain_operands((qa, qb, sfa, sfb, xa, xb), chain)
+        ops = (stack_operands if args.scan else chain_operands)((qa, qb, sfa, sfb, xa, xb), chain)
         ref = None
         tflops, share = {}, {}
         for name, (t, out) in timed_rounds(chains[chain], ops, args.calls, args.repeats, share).items():
             tflops[name] = 2 * m * n * k * chain / t / 1e12
-            c, amax = out if chain == 1 else out[0]
             if name.startswith("XLA"):
                 continue
+            if args.scan and chain > 1:
+                cs, amaxes = scanned(candidates[name], chain, all_outputs=True)(*ops)
+                outputs = [(cs[i], None if amaxes is None else amaxes[i]) for i in range(chain)]
+            else:
+                outputs = [out if chain == 1 else out[0]]
             if ref is None and not name.startswith("bf16"):
                 a32 = jga.dequantize(qa, sfa, sfv)
                 b32 = jga.dequantize(qb, sfb, sfv)
                 ref_c = jnp.dot(a32, b32.T, precision=jax.lax.Precision.HIGHEST)
                 ref = (ref_c, float(jnp.max(jnp.abs(ref_c))))
-            if amax is not None:
-                err = float(jnp.max(jnp.abs(c.astype(jnp.float32) - ref[0]))) / ref[1]
-                amax_err = abs(float(amax) - ref[1]) / ref[1]
-                assert err < 1e-2 and amax_err < 1e-5, (name, (m, n, k), err, amax_err)
+            for c, amax in outputs:
+                if amax is not None:
+                    err = float(jnp.max(jnp.abs(c.astype(jnp.float32) - ref[0]))) / ref[1]
+                    amax_err = abs(float(amax) - ref[1]) / ref[1]
+                    assert err < 1e-2 and amax_err < 1e-5, (name, (m, n, k), err, amax_err)
         cells = " | ".join(f"{tflops[c]:.3g}" for c in candidates)
         for p, name in peers.items():
             ratios[p].append(tflops["gemm_amax bf16"] / tflops[name])
-        label = f"{m}×{n}×{k}" + (f" (chain {chain})" if chain > 1 else "")
+        label = f"{m}×{n}×{k}" + (f" ({'scan' if args.scan else 'chain'} {chain})" if chain > 1 else "")
         rows.append(f"| {label} | {cells} | " + " | ".join(f"{ratios[p][-1]:.2f}" for p in peers) + " |")
         print(rows[-1], flush=True)
         if on_gpu and max(share.values()) >= HOST_BOUND_SHARE:  # the CPU backend may run a call while enqueueing it
@@ -297,9 +342,12 @@ def main():
     if args.record:
         record(f"gemm_amax vs peers on {device}",
                f"`python benchmarks/bench_gemm.py --format {fmt} --shapes {shape_spec} --calls {args.calls} --repeats {args.repeats}"
-               f" --chain {args.chain}{' --chain-live-outputs' if args.chain_live_outputs else ''}`"
+               f" --chain {args.chain}{' --chain-live-outputs' if args.chain_live_outputs else ''}{' --scan' if args.scan else ''}`"
+               f"{' XLA_FLAGS=' + repr(os.environ['XLA_FLAGS']) if os.environ.get('XLA_FLAGS') else ''}"
                f" (jax {jax.__version__}); TFLOP/s = 2MNK x chain / median time, {fmt} operands; a row's chain: "
-               f"the operation that many times per jitted call, the outputs {'live' if args.chain_live_outputs else 'temporaries'}.",
+               f"the operation that many times per jitted call"
+               f"{', as lax.scan over stacked operands' if args.scan else ''}, the outputs "
+               f"{'live' if args.chain_live_outputs else 'temporaries'}.",
                table)
 
 

@@ -1,4 +1,4 @@
-"""The benchmark scripts' own logic. bench_gemm.py --chain: the N repeats inside one jitted call
+"""The benchmark scripts' own logic. bench_gemm.py --chain (and --scan): the N repeats inside one jitted call
 must all run (XLA merges identical calls on identical operands, which would make the chained timing
 N times too fast). bench_layer.py: runs, and its candidates compute the same layer."""
 
@@ -49,6 +49,31 @@ def test_every_repeat_of_a_chain_is_compiled(name, op, live_outputs):
             c, amax = candidate(*ops[i])
             want = float(c[0, 0]) + (0.0 if amax is None else float(amax))
             assert float(value) == pytest.approx(want, rel=1e-6)
+
+
+@pytest.mark.parametrize("name", ["gemm_amax bf16", "bf16 dot, no scales (cuBLAS)"])
+def test_scan_form_runs_every_slice(name):
+    """bench_gemm --scan: iteration i computes slice i of the stacked operands (each slice its own
+    values here), and the timed form returns the sum of every iteration's C[0, 0] (+ amax)."""
+    def operands(seed):
+        x = jax.random.normal(jax.random.key(2 * seed), (128, 256))
+        w = jax.random.normal(jax.random.key(2 * seed + 1), (128, 256))
+        qa, sfa = jga.quantize(x, "mxfp8_e4m3")
+        qb, sfb = jga.quantize(w, "mxfp8_e4m3")
+        return qa, qb, sfa, sfb, x.astype(jnp.bfloat16), w.astype(jnp.bfloat16)
+
+    per_slice = [operands(i) for i in range(3)]
+    stacked = tuple(jnp.stack(xs) for xs in zip(*per_slice))
+    assert [a.shape for a in stacked] == [b.shape for b in bench_gemm.stack_operands(per_slice[0], 3)]
+    candidate = bench_gemm.build_candidates(False, "mxfp8_e4m3")[name]
+    cs, amaxes = bench_gemm.scanned(candidate, 3, all_outputs=True)(*stacked)
+    want_sum = 0.0
+    for i, ops in enumerate(per_slice):
+        c, amax = candidate(*ops)
+        assert jnp.array_equal(cs[i], c)
+        assert (amaxes is None) == (amax is None) and (amax is None or float(amaxes[i]) == float(amax))
+        want_sum += float(c[0, 0]) + (0.0 if amax is None else float(amax))
+    assert float(bench_gemm.scanned(candidate, 3)(*stacked)) == pytest.approx(want_sum, rel=1e-6)
 
 
 def test_candidates_take_turns_and_get_their_own_medians(monkeypatch):

@@ -69,7 +69,7 @@ ffi::Error DescribeProblem(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b, con
   if (sf_vec_size != 16 && sf_vec_size != 32) return Invalid("sf_vec_size must be 16 or 32");
   p->sf_vec_size = sf_vec_size;
 
-  const bool fp4 = p->ab_type == OperandType::kE2M1x2;
+  const bool fp4 = p->fp4_operands();
   auto ad = a.dimensions();
   auto bd = b.dimensions();
   p->batch = ad[0];

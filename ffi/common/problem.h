@@ -66,9 +66,9 @@ struct GemmAmaxProblem {
   JGA_HOST_DEVICE int64_t scale_batch_stride(int64_t rows) const {
     return row_blocks(rows) * k_blocks() * kScaleBlockElems;
   }
-  JGA_HOST_DEVICE int64_t operand_row_bytes() const {
-    return ab_type == OperandType::kE2M1x2 ? k / 2 : k;
-  }
+  // FP4 operands (two codes per byte).
+  JGA_HOST_DEVICE bool fp4_operands() const { return ab_type == OperandType::kE2M1x2; }
+  JGA_HOST_DEVICE int64_t operand_row_bytes() const { return fp4_operands() ? k / 2 : k; }
   // Elements of C's minor dimension as stored (packed FP4 stores two per byte).
   JGA_HOST_DEVICE int64_t c_row_storage_elems() const {
     return c_type == OutputType::kE2M1x2 ? n / 2 : n;

@@ -64,7 +64,7 @@ void Dequantize(const GemmAmaxProblem& p, const uint8_t* values, const uint8_t* 
   for (int64_t g = 0; g < p.k_groups(); ++g) {
     const float scale = DecodeScale(p.sf_type, scales[ScaleOffset(row, g, k_blocks)]);
     float* dst = out + g * sfv;
-    if (p.ab_type == OperandType::kE2M1x2) {
+    if (p.fp4_operands()) {
       const uint8_t* s = src + g * sfv / 2;
       for (int64_t i = 0; i < sfv / 2; ++i) {
         dst[2 * i] = DecodeE2M1(s[i] & 0xF) * scale;

@@ -38,7 +38,7 @@ namespace {
 enum class Format { kInvalid, kMxf8, kMxf4, kNvf4, kFp4E8m0Sfv16 };
 
 Format FormatOf(const GemmAmaxProblem& p) {
-  const bool fp4 = p.ab_type == OperandType::kE2M1x2;
+  const bool fp4 = p.fp4_operands();
   if (!fp4) {
     return (p.sf_type == ScaleType::kE8M0 && p.sf_vec_size == 32) ? Format::kMxf8 : Format::kInvalid;
   }
@@ -61,12 +61,12 @@ const ConfigFns* Select(const GemmAmaxProblem& p, const char** why) {
   const Format format = FormatOf(p);
   switch (format) {
     case Format::kInvalid:
-      return no(p.ab_type == OperandType::kE2M1x2
+      return no(p.fp4_operands()
                     ? "fp4 a/b need e8m0 scales with sf_vec_size 32 or 16, or e4m3 scales with sf_vec_size 16"
                     : "fp8 a/b need e8m0 scales with sf_vec_size 32");
     default: break;
   }
-  if (p.c_type == OutputType::kE2M1x2 && p.ab_type != OperandType::kE2M1x2) return no("fp4 c requires fp4 a/b");
+  if (p.c_type == OutputType::kE2M1x2 && !p.fp4_operands()) return no("fp4 c requires fp4 a/b");
   const int bits = OutputBits(p.c_type);
   if (bits == 0) return no("unknown c dtype");
   if ((p.n * bits) % 128 != 0) return no("rows of c must be 16-byte aligned");
@@ -88,7 +88,7 @@ const ConfigFns* Select(const GemmAmaxProblem& p, const char** why) {
     if (p.cluster_m % 2 != 0) return no("mma_tiler_mn: TILE_M = 256 (2-SM tiles) needs CLUSTER_M = 2 or 4");
     return &kMxf8_256x128;
   }
-  const bool fp4 = p.ab_type == OperandType::kE2M1x2;
+  const bool fp4 = p.fp4_operands();
   if (fp4 && p.tile_n == 256 && p.k <= 128) return no("mma_tiler_mn: FP4 a/b with TILE_N = 256 requires K > 128");
   if (p.tile_n == 256 && p.sf_vec_size == 16 && IsWideOutput(p.c_type))
     return no("mma_tiler_mn=(128, 256) with sf_vec_size=16 and a float32/float16/bfloat16 c is not supported");

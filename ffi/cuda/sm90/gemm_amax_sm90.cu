@@ -20,9 +20,9 @@ namespace {
 int VariantOf(const GemmAmaxProblem& p) {
   if (p.ab_type == OperandType::kE4M3 && p.sf_type == ScaleType::kE8M0 && p.sf_vec_size == 32) return kV_E4M3;
   if (p.ab_type == OperandType::kE5M2 && p.sf_type == ScaleType::kE8M0 && p.sf_vec_size == 32) return kV_E5M2;
-  if (p.ab_type == OperandType::kE2M1x2 && p.sf_type == ScaleType::kE8M0 && p.sf_vec_size == 32) return kV_MXFP4_32;
-  if (p.ab_type == OperandType::kE2M1x2 && p.sf_type == ScaleType::kE8M0 && p.sf_vec_size == 16) return kV_MXFP4_16;
-  if (p.ab_type == OperandType::kE2M1x2 && p.sf_type == ScaleType::kE4M3 && p.sf_vec_size == 16) return kV_NVFP4;
+  if (p.fp4_operands() && p.sf_type == ScaleType::kE8M0 && p.sf_vec_size == 32) return kV_MXFP4_32;
+  if (p.fp4_operands() && p.sf_type == ScaleType::kE8M0 && p.sf_vec_size == 16) return kV_MXFP4_16;
+  if (p.fp4_operands() && p.sf_type == ScaleType::kE4M3 && p.sf_vec_size == 16) return kV_NVFP4;
   return -1;
 }
 
@@ -154,7 +154,7 @@ double PingPongWaves(const GemmAmaxProblem& p, int sms) {
   return 0.5 * static_cast<double>(CeilDiv(cluster_tiles, std::max(1, sms / 2)));
 }
 // 64-K MMA units per 128-byte slab of codes (128 fp8 or 256 fp4 elements).
-long long UnitsPerSlab(const GemmAmaxProblem& p) { return p.ab_type == OperandType::kE2M1x2 ? 4 : 2; }
+long long UnitsPerSlab(const GemmAmaxProblem& p) { return p.fp4_operands() ? 4 : 2; }
 
 double PassUnits(const GemmAmaxProblem& p, int pre) {
   if (pre == 0) return 0.0;
@@ -193,7 +193,7 @@ Plan MakePlan(const GemmAmaxProblem& p, int sms, const LaunchOptions& opt, size_
   double pass_units[4];  // the passes of each operand choice: the same for every candidate
   for (int x = 0; x < 4; ++x) pass_units[x] = PassUnits(p, x);
   const size_t a_copy_bytes = PreconvertedABytes(p);
-  const double* const saving = kPreconvertSaving[p.ab_type == OperandType::kE2M1x2 ? 1 : 0];
+  const double* const saving = kPreconvertSaving[p.fp4_operands() ? 1 : 0];
   const double pingpong_waves = PingPongWaves(p, sms);  // the A'B' choice's kernel (KernelPre)
   Plan best;
   double best_cost = -1;

@@ -113,7 +113,7 @@ static void FillScales(std::vector<uint8_t>& sf, const GemmAmaxProblem& p, int64
 }
 
 static float DecodeVal(const GemmAmaxProblem& p, const uint8_t* row, int64_t k) {
-  if (p.ab_type == OperandType::kE2M1x2) {
+  if (p.fp4_operands()) {
     uint8_t byte = row[k / 2];
     return DecodeE2M1((k & 1) ? (byte >> 4) : (byte & 0xF));
   }

@@ -32,9 +32,14 @@ struct CallSiteState {
   CallSiteState() = default;
   CallSiteState(const CallSiteState&) = delete;
   CallSiteState& operator=(const CallSiteState&) = delete;
-  ~CallSiteState() {
-    for (unsigned int* word : reset_word)
-      if (word != nullptr) cudaFree(word);  // the executable is gone, and its graphs with it
+  ~CallSiteState() {  // the executable is gone, and its graphs with it
+    int current = 0;
+    if (cudaGetDevice(&current) != cudaSuccess) return;
+    for (int device = 0; device < kMaxDevices; ++device) {
+      if (reset_word[device] == nullptr || cudaSetDevice(device) != cudaSuccess) continue;
+      cudaFree(reset_word[device]);  // on the device that allocated it
+    }
+    cudaSetDevice(current);
   }
 };
 xla::ffi::TypeId CallSiteState::id = {};

@@ -368,6 +368,14 @@ static void SetPre(sm90::LaunchOptions& o, int pre) {
 // "", "A", "B" or "AB": the operands a launch pre-converts.
 static const char* PreName(bool a, bool b) { return a ? (b ? "AB" : "A") : b ? "B" : ""; }
 
+// Before a checked launch: C and amax poisoned (0xFF bytes: NaN or the largest code; amax 0x7F7F7F7F),
+// and the workspace too: split-K counters that were not reset would read as "all partials ready".
+static void Poison(const DevBufs& d, int64_t batch, void* ws, size_t ws_bytes) {
+  CK(cudaMemset(d.c, 0xFF, d.c_bytes));
+  CK(cudaMemset(d.amax, 0x7F, sizeof(float) * batch));
+  if (ws != nullptr) CK(cudaMemset(ws, 0xFF, ws_bytes));
+}
+
 // A finished launch's C and amax (device buffers d, problem hp with its c_type) against ref.
 struct Outputs {
   int64_t bad = 0, first_bad = -1;
@@ -407,36 +415,26 @@ static bool RunAndCheck(HostProblem& hp, const Ref& ref, OutputType ct, int forc
     return true;
   }
   DevBufs d = Upload(hp);
-  CK(cudaMemset(d.c, 0xFF, d.c_bytes));
-  CK(cudaMemset(d.amax, 0x7F, sizeof(float) * p.batch));
   sm90::LaunchOptions opt;
   opt.force_tile_m = force_tile;
   opt.force_splits = force_splits;
   opt.force_whole_tiles = force_whole_tiles;
   SetPre(opt, pre);
-  // Poisoned workspace: split-K counters that were not reset would read as "all partials ready".
-  if (g_ws != nullptr) CK(cudaMemset(g_ws, 0xFF, g_ws_bytes));
+  Poison(d, p.batch, g_ws, g_ws_bytes);
   CK(LaunchH(p, Bufs(d), opt));
   CK(cudaGetLastError());
   CK(cudaDeviceSynchronize());
   const sm90::PlanInfo plan = PlanH(p, opt);  // what the launch did (the operands it pre-converted), for the report
   const Outputs out = Compare(hp, ref, d);
   d.Free();
-  const std::vector<float>& amax = out.amax;
-  const int64_t bad = out.bad, first_bad = out.first_bad, total = p.batch * p.m * p.n;
-  const double worst = out.worst;
-  const bool ok = bad == 0 && out.amax_ok;
-  if (ok) {
-    ++g_pass;
-  } else {
-    ++g_fail;
-  }
+  const bool ok = out.bad == 0 && out.amax_ok;
+  ok ? ++g_pass : ++g_fail;
   printf("  [%s] %-40s C=%-4s tile=%d splits=%d whole=%d pre=%s(%s)  bad=%lld/%lld worst=%.3g amax[0]=%.8g ref=%.8g\n",
          ok ? "PASS" : "FAIL", tag, CName(ct), force_tile, force_splits, force_whole_tiles,
-         pre < 0 ? "auto" : PreName(pre & 2, pre & 1), PreName(plan.preconvert_a, plan.preconvert_b), static_cast<long long>(bad),
-         static_cast<long long>(total), worst, amax[0], ref.amax[0]);
-  if (first_bad >= 0) {
-    const int64_t i = first_bad;
+         pre < 0 ? "auto" : PreName(pre & 2, pre & 1), PreName(plan.preconvert_a, plan.preconvert_b),
+         static_cast<long long>(out.bad), static_cast<long long>(p.batch * p.m * p.n), out.worst, out.amax[0], ref.amax[0]);
+  if (out.first_bad >= 0) {
+    const int64_t i = out.first_bad;
     printf("         first bad idx=%lld (l=%lld m=%lld n=%lld) ref=%.8g\n", static_cast<long long>(i),
            static_cast<long long>(i / (p.m * p.n)), static_cast<long long>((i / p.n) % p.m),
            static_cast<long long>(i % p.n), ref.c[i]);
@@ -566,9 +564,7 @@ static void TestAll() {
       hp.p.c_type = OutputType::kF32;
       const Ref ref = Reference(hp);
       DevBufs d = Upload(hp);
-      CK(cudaMemset(d.c, 0xFF, d.c_bytes));
-      CK(cudaMemset(d.amax, 0x7F, sizeof(float) * hp.p.batch));
-      if (g_ws != nullptr) CK(cudaMemset(g_ws, 0xFF, g_ws_bytes));
+      Poison(d, hp.p.batch, g_ws, g_ws_bytes);
       sm90::LaunchOptions o;
       o.skip_amax = true;
       o.force_splits = splits;
@@ -620,11 +616,7 @@ static void TestAll() {
     }
     int good = 0;
     for (int replay = 0; replay < 3; ++replay) {
-      for (Site& st : sites) {
-        CK(cudaMemset(st.d.c, 0xFF, st.d.c_bytes));
-        CK(cudaMemset(st.d.amax, 0x7F, sizeof(float) * hp.p.batch));
-        CK(cudaMemset(st.ws, 0xFF, st.ws_bytes));
-      }
+      for (Site& st : sites) Poison(st.d, hp.p.batch, st.ws, st.ws_bytes);
       CK(cudaDeviceSynchronize());
       for (Site& st : sites) CK(cudaGraphLaunch(st.exec, st.stream));
       CK(cudaDeviceSynchronize());

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine (from the repository root): build and install for sm_90a and check the SASS,
-# then the named stages: `tests` (the whole suite on the GPU backend, ~8 min in session 24, the pytest part 449 s), `bench` (the
+# then the named stages: `tests` (the whole suite on the GPU backend, as JGA_TEST_SHARDS=3 pytest processes at once), `bench` (the
 # side-by-side benchmark, --record), `memcheck` (compute-sanitizer on small cases), `train` (the
 # Flax example's step times), and, when named, `layer` (benchmarks/bench_layer.py: MLP layers with the
 # activation's quantization, f32 and bf16 activations, --record). Logs and the updated RESULTS.md
@@ -35,8 +35,18 @@ if ! run_stage tests; then  # the suite checks the SASS itself (tests/test_cuda_
 fi
 
 if run_stage tests; then
-  timeout 530 python3 -m pytest -q -rs -p no:cacheprovider --durations=10 "$REPO/tests" > "$OUT/pytest.log" 2>&1
-  echo "pytest rc=$?"; tail -14 "$OUT/pytest.log"
+  # JGA_TEST_SHARDS pytest processes at once, each every N-th test (tests/conftest.py): the suite's
+  # time is mostly XLA's compiles on the host, ~500 s in one process in session 25.
+  SHARDS=${JGA_TEST_SHARDS:-3}; pids=()
+  for ((i = 0; i < SHARDS; i++)); do
+    JGA_TEST_SHARD=$i/$SHARDS timeout 530 python3 -m pytest -q -rs -p no:cacheprovider --durations=5 \
+      "$REPO/tests" > "$OUT/pytest_$i.log" 2>&1 &
+    pids+=($!)
+  done
+  rc=0; for p in "${pids[@]}"; do wait "$p" || rc=1; done
+  echo "pytest rc=$rc ($SHARDS shards)"
+  for ((i = 0; i < SHARDS; i++)); do echo "shard $i: $(tail -1 "$OUT/pytest_$i.log")"; done
+  grep -h -E "^(SKIPPED|FAILED|ERROR)" "$OUT"/pytest_*.log | sed -E 's/^SKIPPED \[[0-9]+\]/SKIPPED/' | sort | uniq -c
   stamp "tests"
 fi
 

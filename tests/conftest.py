@@ -19,5 +19,22 @@ def rng(request):
     return np.random.default_rng(seed)
 
 
+def pytest_collection_modifyitems(config, items):
+    """JGA_TEST_SHARD=I/N keeps every N-th test from the I-th (0-based) and deselects the rest.
+    benchmarks/gpu_run.sh runs the GPU suite as N such processes at once: its time is mostly XLA's
+    compiles on the host, and one GPU serves them all (no test here measures time)."""
+    shard = os.environ.get("JGA_TEST_SHARD")
+    if not shard:
+        return
+    try:
+        index, count = (int(part) for part in shard.split("/"))
+        if not 0 <= index < count:
+            raise ValueError
+    except ValueError:
+        raise pytest.UsageError(f"JGA_TEST_SHARD must be I/N with 0 <= I < N, got {shard!r}") from None
+    config.hook.pytest_deselected(items=[t for j, t in enumerate(items) if j % count != index])
+    items[:] = items[index::count]
+
+
 def on_gpu() -> bool:
     return jax.default_backend() == "gpu"

@@ -39,7 +39,7 @@ if run_stage tests; then
   # time is mostly XLA's compiles on the host, ~500 s in one process in session 25.
   SHARDS=${JGA_TEST_SHARDS:-3}; pids=()
   for ((i = 0; i < SHARDS; i++)); do
-    JGA_TEST_SHARD=$i/$SHARDS timeout 530 python3 -m pytest -q -rs -p no:cacheprovider --durations=5 \
+    JGA_TEST_SHARD=$i/$SHARDS timeout 530 python3 -m pytest -q -rfEs -p no:cacheprovider --durations=5 \
       "$REPO/tests" > "$OUT/pytest_$i.log" 2>&1 &
     pids+=($!)
   done

@@ -8,8 +8,8 @@
 # 10 minutes, so run them as two calls:
 #   benchmarks/gpu_run.sh tests
 #   benchmarks/gpu_run.sh bench memcheck train
-# Optional: JGA_BIG_TRAIN=0 skips the large Flax example, JGA_BENCH_ARGS="--repeats 5" is passed to
-# the benchmark (both save device time). The benchmark's default shapes are issue #3's six, the two
+# Optional: JGA_TEST_PATHS="tests/test_gemm_amax.py ..." runs part of the suite, JGA_BIG_TRAIN=0 skips the large Flax example, JGA_BENCH_ARGS="--repeats 5" is passed to
+# the benchmark (all three save device time). The benchmark's default shapes are issue #3's six, the two
 # small ones chained 20 per jitted call (bench_gemm.py's docstring).
 set -uo pipefail
 STAGES=" ${*:-tests bench memcheck train} "
@@ -37,10 +37,12 @@ fi
 if run_stage tests; then
   # JGA_TEST_SHARDS pytest processes at once, each every N-th test (tests/conftest.py): the suite's
   # time is mostly XLA's compiles on the host, ~500 s in one process in session 25.
-  SHARDS=${JGA_TEST_SHARDS:-3}; pids=()
+  # JGA_TEST_PATHS (paths relative to the repository root, default tests) runs part of the suite.
+  SHARDS=${JGA_TEST_SHARDS:-3}; pids=(); paths=()
+  for p in ${JGA_TEST_PATHS:-tests}; do paths+=("$REPO/$p"); done
   for ((i = 0; i < SHARDS; i++)); do
     JGA_TEST_SHARD=$i/$SHARDS timeout 530 python3 -m pytest -q -rfEs -p no:cacheprovider --durations=5 \
-      "$REPO/tests" > "$OUT/pytest_$i.log" 2>&1 &
+      "${paths[@]}" > "$OUT/pytest_$i.log" 2>&1 &
     pids+=($!)
   done
   rc=0; for p in "${pids[@]}"; do wait "$p" || rc=1; done

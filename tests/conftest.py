@@ -32,8 +32,11 @@ def pytest_collection_modifyitems(config, items):
             raise ValueError
     except ValueError:
         raise pytest.UsageError(f"JGA_TEST_SHARD must be I/N with 0 <= I < N, got {shard!r}") from None
-    config.hook.pytest_deselected(items=[t for j, t in enumerate(items) if j % count != index])
-    items[:] = items[index::count]
+    kept, deselected = [], []
+    for j, item in enumerate(items):
+        (kept if j % count == index else deselected).append(item)
+    config.hook.pytest_deselected(items=deselected)
+    items[:] = kept
 
 
 def on_gpu() -> bool:

@@ -119,10 +119,33 @@ def test_shapes_carry_their_own_chain(monkeypatch, capsys):
     candidate of it is checked against the f32 product (main asserts)."""
     assert bench_gemm.parse_shapes("1x2x3,4x5x6:7", 2) == [(1, 2, 3, 2), (4, 5, 6, 7)]
     assert [chain for *_, chain in bench_gemm.parse_shapes(bench_gemm.GPU_SHAPES, 1)] == [1, 1, 1, 1, 20, 20]
-    monkeypatch.setattr(sys, "argv", ["bench_gemm.py", "--shapes", "128x128x256,128x128x256:2", "--calls", "1", "--repeats", "1"])
-    bench_gemm.main()
-    out = capsys.readouterr().out
-    assert "| 128×128×256 |" in out and "| 128×128×256 (chain 2) |" in out
+    for form in ([], ["--scan"]):
+        monkeypatch.setattr(sys, "argv", ["bench_gemm.py", "--shapes", "128x128x256,128x128x256:2", "--calls", "1",
+                                          "--repeats", "1", *form])
+        bench_gemm.main()
+        out = capsys.readouterr().out
+        label = "scan" if form else "chain"
+        assert "| 128×128×256 |" in out and f"| 128×128×256 ({label} 2) |" in out
+
+
+def test_output_check_fails_off_its_tolerance():
+    """bench_gemm.check_outputs, the check of every candidate's output: C is held to 1e-2 of max |C|,
+    an amax to its candidate's tolerance (XLA's path, whose amax is of bf16 C: 2^-8; the fused ones
+    1e-5), and a candidate without amax (the bar) is checked on C alone."""
+    c = jax.random.normal(jax.random.key(0), (64, 32))
+    ref = (c, float(jnp.max(jnp.abs(c))))
+    assert bench_gemm.amax_tolerance("XLA dequant→bf16 dot→amax") == 2.0 ** -8
+    assert bench_gemm.amax_tolerance("gemm_amax bf16") == bench_gemm.amax_tolerance("jax.nn.scaled_matmul f32 + amax") == 1e-5
+    bf16_amax = float(jnp.max(jnp.abs(c.astype(jnp.bfloat16))).astype(jnp.float32))
+    assert bf16_amax != ref[1]  # else the two tolerances below would not be told apart
+    bench_gemm.check_outputs("XLA", (64, 32, 0), [(c.astype(jnp.bfloat16), bf16_amax)], ref, 2.0 ** -8)
+    bench_gemm.check_outputs("bar", (64, 32, 0), [(c, None)], ref, 1e-5)
+    with pytest.raises(AssertionError):
+        bench_gemm.check_outputs("fused", (64, 32, 0), [(c, bf16_amax)], ref, 1e-5)
+    with pytest.raises(AssertionError):  # one element off by 2% of max |C|
+        bench_gemm.check_outputs("bar", (64, 32, 0), [(c.at[3, 5].add(0.02 * ref[1]), None)], ref, 1e-5)
+    with pytest.raises(AssertionError):  # the second of two outputs wrong
+        bench_gemm.check_outputs("fused", (64, 32, 0), [(c, ref[1]), (c, ref[1] * (1 + 2e-5))], ref, 1e-5)
 
 
 def test_gpu_work_counts_stream_events_once():

@@ -48,7 +48,11 @@ if run_stage tests; then
   rc=0; for p in "${pids[@]}"; do wait "$p" || rc=1; done
   echo "pytest rc=$rc ($SHARDS shards)"
   for ((i = 0; i < SHARDS; i++)); do echo "shard $i: $(tail -1 "$OUT/pytest_$i.log")"; done
-  grep -h -E "^(SKIPPED|FAILED|ERROR)" "$OUT"/pytest_*.log | sed -E 's/^SKIPPED \[[0-9]+\]/SKIPPED/' | sort | uniq -c
+  # The shards' failures, errors and skips, alike lines merged: "SKIPPED [N] where: why" counts N tests.
+  grep -h -E "^(SKIPPED|FAILED|ERROR)" "$OUT"/pytest_*.log | awk '
+    match($0, /^SKIPPED \[[0-9]+\] /) { n[substr($0, RLENGTH + 1)] += substr($0, 10, RLENGTH - 11); next }
+    { n[$0] += 1 }
+    END { for (line in n) printf "%7d %s\n", n[line], (line ~ /^(FAILED|ERROR)/ ? line : "SKIPPED " line) }' | sort -k2
   stamp "tests"
 fi
 

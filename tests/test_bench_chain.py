@@ -169,7 +169,8 @@ def test_gpu_work_counts_stream_events_once():
 
 def test_gpu_work_of_a_call_is_measured_on_a_gpu_only():
     """gpu_busy_per_call traces the calls with jax.profiler: on a GPU, a positive time below the
-    wall time of the calls; on the CPU backend, no GPU stream, so None (the bench lists nothing)."""
+    wall time of the calls; on the CPU backend, None (the bench lists nothing), and that because the
+    trace, which profile() did write and load, has host planes with events but no GPU plane."""
     x = jnp.ones((512, 512), jnp.float32)
     f = jax.jit(lambda x: x @ x)
     busy = bench_gemm.gpu_busy_per_call(f, (x,), calls=3)
@@ -178,6 +179,9 @@ def test_gpu_work_of_a_call_is_measured_on_a_gpu_only():
         assert busy is not None and 0 < busy < 2 * wall
     else:
         assert busy is None
+        planes = bench_gemm.profile(f, (x,), calls=3).planes
+        assert sum(1 for p in planes if p.name == "/host:CPU" for line in p.lines for _ in line.events) > 0
+        assert not any(p.name.startswith("/device:GPU") for p in planes)
 
 
 @pytest.mark.parametrize("act_dtype", ["float32", "bfloat16"])

@@ -3,7 +3,7 @@
 For each shape (M, N, K), on operands of one format (`--format`, default MXFP8: e4m3 values, e8m0
 scales per 32) quantized from random data:
   * gemm_amax, bf16 C and f32 C (amax fused)
-  * XLA: dequantize to bf16 -> jnp.dot (cuBLAS) -> amax
+  * XLA: dequantize to bf16 (codes and scales converted, multiplied; FP4 unpacked by a bitcast) -> jnp.dot (cuBLAS) -> amax
   * jax.nn.scaled_matmul (f32 out) -> amax            (GPU only: it has no CPU lowering)
   * cuBLAS bf16 jnp.dot on unscaled bf16 operands, no amax (the bar)
 Each is timed as the median over repeats of (enqueue `--calls` calls, block), the candidates
@@ -202,10 +202,15 @@ def record(title, description, table):
         f.write(f"\n## {datetime.date.today().isoformat()} — {title}\n\n{description}\n\n{table}\n")
 
 
-def dequant_bf16(q, sf, rows, k):
-    scales = jga.plain_from_physical(sf, rows, k // 32)
-    scales = jnp.repeat(scales.astype(jnp.bfloat16), 32, axis=-1)
-    return q.astype(jnp.bfloat16) * scales
+def dequant_bf16(q, sf, sf_vec_size=32):
+    """q times its scales in bf16 arithmetic, as a user would write it in XLA: the codes and the scales
+    converted to bf16 and multiplied (exact: every product fits a bf16). Packed FP4 (uint8, two codes
+    per byte, low nibble first) is unpacked by a bitcast to float4_e2m1fn."""
+    if q.dtype == jnp.uint8:
+        q = jax.lax.bitcast_convert_type(q, jnp.float4_e2m1fn).reshape(*q.shape[:-1], -1)
+    rows, k = q.shape
+    scales = jga.plain_from_physical(sf, rows, k // sf_vec_size).astype(jnp.bfloat16)
+    return q.astype(jnp.bfloat16) * jnp.repeat(scales, sf_vec_size, axis=-1)
 
 
 def reference(a, b):
@@ -238,14 +243,9 @@ def build_candidates(on_gpu, fmt):
     def ours(c_dtype):
         return jax.jit(lambda qa, qb, sfa, sfb, xa, xb: jga.gemm_amax(qa, qb, sfa, sfb, c_dtype=c_dtype, sf_vec_size=sfv))
 
-    def to_bf16(q, sf):  # MXFP8 in bf16 arithmetic (the measured baseline); other formats generic
-        if fmt.startswith("mxfp8"):
-            return dequant_bf16(q, sf, q.shape[0], q.shape[1])
-        return jga.dequantize(q, sf, sfv, dtype=jnp.bfloat16)
-
     @jax.jit
     def xla_dequant(qa, qb, sfa, sfb, xa, xb):
-        c = jnp.dot(to_bf16(qa, sfa), to_bf16(qb, sfb).T)
+        c = jnp.dot(dequant_bf16(qa, sfa, sfv), dequant_bf16(qb, sfb, sfv).T)
         return c, jnp.max(jnp.abs(c))
 
     @jax.jit

@@ -132,20 +132,34 @@ def test_output_check_fails_off_its_tolerance():
     """bench_gemm.check_outputs, the check of every candidate's output: C is held to 1e-2 of max |C|,
     an amax to its candidate's tolerance (XLA's path, whose amax is of bf16 C: 2^-8; the fused ones
     1e-5), and a candidate without amax (the bar) is checked on C alone."""
+    xla, ours, bar = "XLA dequant→bf16 dot→amax", "gemm_amax bf16", "bf16 dot, no scales (cuBLAS)"
+    assert bench_gemm.amax_tolerance(xla) == 2.0 ** -8
+    assert bench_gemm.amax_tolerance(ours) == bench_gemm.amax_tolerance("jax.nn.scaled_matmul f32 + amax") == 1e-5
     c = jax.random.normal(jax.random.key(0), (64, 32))
     ref = (c, float(jnp.max(jnp.abs(c))))
-    assert bench_gemm.amax_tolerance("XLA dequant→bf16 dot→amax") == 2.0 ** -8
-    assert bench_gemm.amax_tolerance("gemm_amax bf16") == bench_gemm.amax_tolerance("jax.nn.scaled_matmul f32 + amax") == 1e-5
     bf16_amax = float(jnp.max(jnp.abs(c.astype(jnp.bfloat16))).astype(jnp.float32))
     assert bf16_amax != ref[1]  # else the two tolerances below would not be told apart
-    bench_gemm.check_outputs("XLA", (64, 32, 0), [(c.astype(jnp.bfloat16), bf16_amax)], ref, 2.0 ** -8)
-    bench_gemm.check_outputs("bar", (64, 32, 0), [(c, None)], ref, 1e-5)
+    bench_gemm.check_outputs(xla, (64, 32, 0), [(c.astype(jnp.bfloat16), bf16_amax)], ref)
+    bench_gemm.check_outputs(bar, (64, 32, 0), [(c, None)], ref)
     with pytest.raises(AssertionError):
-        bench_gemm.check_outputs("fused", (64, 32, 0), [(c, bf16_amax)], ref, 1e-5)
+        bench_gemm.check_outputs(ours, (64, 32, 0), [(c, bf16_amax)], ref)
     with pytest.raises(AssertionError):  # one element off by 2% of max |C|
-        bench_gemm.check_outputs("bar", (64, 32, 0), [(c.at[3, 5].add(0.02 * ref[1]), None)], ref, 1e-5)
+        bench_gemm.check_outputs(bar, (64, 32, 0), [(c.at[3, 5].add(0.02 * ref[1]), None)], ref)
     with pytest.raises(AssertionError):  # the second of two outputs wrong
-        bench_gemm.check_outputs("fused", (64, 32, 0), [(c, ref[1]), (c, ref[1] * (1 + 2e-5))], ref, 1e-5)
+        bench_gemm.check_outputs(ours, (64, 32, 0), [(c, ref[1]), (c, ref[1] * (1 + 2e-5))], ref)
+
+
+@pytest.mark.parametrize("fmt", sorted(jga.FORMATS))
+def test_xla_path_dequantizes_exactly(fmt):
+    """The bench's XLA path (dequant_bf16: codes and scales in bf16, FP4 unpacked by a bitcast) gives
+    the library's dequantization exactly, element for element, in every format (nibble order
+    included): the baseline computes the same operands as ours, only slower or faster."""
+    x = jax.random.normal(jax.random.key(1), (128, 256)) * jnp.exp2(jax.random.randint(jax.random.key(2), (128, 1), -20, 20))
+    q, sf = jga.quantize(x, fmt)
+    sfv = jga.FORMATS[fmt].sf_vec_size
+    got = bench_gemm.dequant_bf16(q, sf, sfv)
+    assert got.dtype == jnp.bfloat16 and got.shape == x.shape
+    assert jnp.array_equal(got.astype(jnp.float32), jga.dequantize(q, sf, sfv))
 
 
 def test_gpu_work_counts_stream_events_once():

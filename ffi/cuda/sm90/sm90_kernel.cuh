@@ -186,8 +186,6 @@ constexpr int kFlagHalfConvB = 512;  // experiment: converter rows 64-127 skip t
 constexpr int kFlagHalfPreA = 1024;  // experiment: only the first half of each pre-converted A unit's rows is loaded (wrong results; not in kPingPong)
 constexpr int kFlagPassesOnly = 2048;  // experiment: only the pre-conversion passes run (no reset, no GEMM): to time them
 constexpr int kFlagNoCStores = 4096;  // experiment: the staged epilogue skips only its global stores (wrong results)
-constexpr int kFlagRasterHalf = 8192;     // experiment: tile raster groups of half Smem::kRasterMTiles m-tiles
-constexpr int kFlagRasterDouble = 16384;  // experiment: tile raster groups of twice Smem::kRasterMTiles m-tiles
 constexpr int kFlagCooperativeAB = 32768;  // experiment (host): an unsplit A'B' plan runs the cooperative kernel, not kPingPong
 constexpr int kBN = 128;
 // Epilogue staging buffer of each of the 8 consumer warps (see Epilogue).
@@ -556,17 +554,16 @@ __device__ __forceinline__ WorkUnit DecodeUnit(const KParams& p, int u) {
   w.slab_hi = w.split == p.splits - 1 ? p.num_kslabs : w.slab_lo + p.split_slabs;
   return w;
 }
-// G: m-tiles per group (Smem::kRasterMTiles; experiment builds may halve or double it at run time).
+// G: m-tiles per group (Smem::kRasterMTiles).
 template <int G = 8>
 __device__ __forceinline__ TileCoord DecodeTile(const KParams& p, int tile) {
-  const int g = Experiment(p, kFlagRasterHalf) ? G / 2 : Experiment(p, kFlagRasterDouble) ? 2 * G : G;
   TileCoord tc;
   tc.l = tile / p.tiles_per_batch;
   const int rem = tile - tc.l * p.tiles_per_batch;
-  const int group_span = g * p.tiles_n;
+  const int group_span = G * p.tiles_n;
   const int grp = rem / group_span;
-  const int first_m = grp * g;
-  const int gsize = min(g, p.tiles_m - first_m);
+  const int first_m = grp * G;
+  const int gsize = min(G, p.tiles_m - first_m);
   const int r = rem - grp * group_span;
   tc.mt = first_m + r % gsize;
   tc.nt = r / gsize;

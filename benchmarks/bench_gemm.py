@@ -4,7 +4,7 @@ For each shape (M, N, K), on operands of one format (`--format`, default MXFP8: 
 scales per 32) quantized from random data:
   * gemm_amax, bf16 C and f32 C (amax fused)
   * XLA: dequantize to bf16 (codes and scales converted, multiplied; FP4 unpacked by a bitcast) -> jnp.dot (cuBLAS) -> amax
-  * jax.nn.scaled_matmul (f32 out) -> amax            (GPU only: it has no CPU lowering)
+  * jax.nn.scaled_matmul (f32 out; FP4 unpacked by the same bitcast) -> amax   (GPU only: no CPU lowering)
   * cuBLAS bf16 jnp.dot on unscaled bf16 operands, no amax (the bar)
 Each is timed as the median over repeats of (enqueue `--calls` calls, block), the candidates
 taking turns in every repeat, reported in TFLOP/s = 2MNK / time, and its output is checked against
@@ -32,7 +32,7 @@ two small ones chained 20 per call, so that one run gives the table its targets 
 
     python benchmarks/bench_gemm.py                 # default shapes, prints a markdown table
     python benchmarks/bench_gemm.py --record        # also appends the table to benchmarks/RESULTS.md
-    python benchmarks/bench_gemm.py --format nvfp4  # NVFP4 operands (a peer that cannot run it: n/a)
+    python benchmarks/bench_gemm.py --format nvfp4  # NVFP4 operands
     python benchmarks/bench_gemm.py --chain 20      # 20 repeats per jitted call for every shape
     python benchmarks/bench_gemm.py --shapes 8192x8192x8192,1024x1024x1024:20
     python benchmarks/bench_gemm.py --shapes 1024x1024x1024:20 --scan
@@ -202,12 +202,18 @@ def record(title, description, table):
         f.write(f"\n## {datetime.date.today().isoformat()} — {title}\n\n{description}\n\n{table}\n")
 
 
-def dequant_bf16(q, sf, sf_vec_size=32):
-    """q times its scales in bf16 arithmetic, as a user would write it in XLA: the codes and the scales
-    converted to bf16 and multiplied (exact: every product fits a bf16). Packed FP4 (uint8, two codes
-    per byte, low nibble first) is unpacked by a bitcast to float4_e2m1fn."""
+def unpacked(q):
+    """The codes as a JAX dtype: packed FP4 (uint8, two codes per byte, low nibble first) unpacked by a
+    bitcast to float4_e2m1fn; other codes as they are."""
     if q.dtype == jnp.uint8:
-        q = jax.lax.bitcast_convert_type(q, jnp.float4_e2m1fn).reshape(*q.shape[:-1], -1)
+        return jax.lax.bitcast_convert_type(q, jnp.float4_e2m1fn).reshape(*q.shape[:-1], -1)
+    return q
+
+
+def dequant_bf16(q, sf, sf_vec_size=32):
+    """q times its scales in bf16 arithmetic, as a user would write it in XLA: the codes (unpacked) and
+    the scales converted to bf16 and multiplied (exact: every product fits a bf16)."""
+    q = unpacked(q)
     rows, k = q.shape
     scales = jga.plain_from_physical(sf, rows, k // sf_vec_size).astype(jnp.bfloat16)
     return q.astype(jnp.bfloat16) * jnp.repeat(scales, sf_vec_size, axis=-1)
@@ -251,8 +257,9 @@ def build_candidates(on_gpu, fmt):
 
     @jax.jit
     def scaled_matmul(qa, qb, sfa, sfb, xa, xb):
-        pa = jga.plain_from_physical(sfa, qa.shape[0], qa.shape[1] // 32)[None]
-        pb = jga.plain_from_physical(sfb, qb.shape[0], qb.shape[1] // 32)[None]
+        qa, qb = unpacked(qa), unpacked(qb)  # scaled_matmul takes FP4 as float4_e2m1fn
+        pa = jga.plain_from_physical(sfa, qa.shape[0], qa.shape[1] // sfv)[None]
+        pb = jga.plain_from_physical(sfb, qb.shape[0], qb.shape[1] // sfv)[None]
         c = jax.nn.scaled_matmul(qa[None], qb[None], pa, pb, preferred_element_type=jnp.float32)[0]
         return c, jnp.max(jnp.abs(c))
 
@@ -265,7 +272,7 @@ def build_candidates(on_gpu, fmt):
         "gemm_amax f32": ours(jnp.float32),
         "XLA dequant→bf16 dot→amax": xla_dequant,
     }
-    if on_gpu and fmt.startswith("mxfp8"):  # operands as quantize() returns them; FP4 would need repacking
+    if on_gpu:  # jax.nn.scaled_matmul has no CPU lowering
         cands["jax.nn.scaled_matmul f32 + amax"] = scaled_matmul
     cands["bf16 dot, no scales (cuBLAS)"] = cublas_bf16
     return cands

@@ -41,15 +41,18 @@ def test_logical_view_is_the_seed_permutation(rng):
 
 
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="jax.nn.scaled_matmul lowers only on GPU")
-def test_scaled_matmul_plain_layout_interop(rng):
-    # Our physical scales, converted to plain, drive jax.nn.scaled_matmul to the same result.
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp8_e5m2", "mxfp4", "nvfp4"])
+def test_scaled_matmul_plain_layout_interop(rng, fmt):
+    # Our physical scales, converted to plain, drive jax.nn.scaled_matmul to the same result (FP4
+    # codes unpacked, as scaled_matmul takes them; the benchmark's peer runs this way).
+    sfv = jga.FORMATS[fmt].sf_vec_size
     x = rng.standard_normal((2, 64, 128)).astype(np.float32)
     w = rng.standard_normal((2, 32, 128)).astype(np.float32)
-    qa, sfa = jga.quantize(x, "mxfp8_e4m3")
-    qb, sfb = jga.quantize(w, "mxfp8_e4m3")
-    ours = jga.gemm_amax(qa, qb, sfa, sfb)
-    plain_a = jga.plain_from_physical(sfa, 64, 4)
-    plain_b = jga.plain_from_physical(sfb, 32, 4)
+    qa, sfa = jga.quantize(x, fmt, packed=False)
+    qb, sfb = jga.quantize(w, fmt, packed=False)
+    ours = jga.gemm_amax(qa, qb, sfa, sfb, sf_vec_size=sfv)
+    plain_a = jga.plain_from_physical(sfa, 64, 128 // sfv)
+    plain_b = jga.plain_from_physical(sfb, 32, 128 // sfv)
     theirs = jax.nn.scaled_matmul(qa, qb, plain_a, plain_b, preferred_element_type=jnp.float32)
     np.testing.assert_allclose(np.asarray(ours.c), np.asarray(theirs), rtol=1e-5, atol=1e-5)
 

@@ -477,6 +477,37 @@ __device__ __forceinline__ void Fp8WordToRaw(uint32_t x, uint32_t& p0, uint32_t&
     p1 = (h1 << 5) & 0x8FE08FE0u;
   }
 }
+// The bit move above maps the codes the formats reserve for NaN (e4m3 S.1111.111) and Inf/NaN
+// (e5m2 S.11111.MM) to finite values. Fp8Specials flags them: bit 7 of byte i of the result is set
+// when code i of x is one (the masked code plus one carries into bit 7 only from all-ones; no
+// carry crosses a byte), so ORing the results of many words and testing 0x80808080 tells whether
+// any is. A thread's codes are then converted again with CarrySpecials on the rare path.
+template <int V>
+__device__ __forceinline__ uint32_t Fp8Specials(uint32_t x) {
+  return V == kV_E4M3 ? (x & 0x7F7F7F7Fu) + 0x01010101u : (x & 0x7C7C7C7Cu) + 0x04040404u;
+}
+__device__ __forceinline__ bool AnySpecial(uint32_t specials) { return (specials & 0x80808080u) != 0u; }
+// Raw pair `pr` of codes c0 (low half) and c1 with NaN codes made BF16 NaN and e5m2 Inf codes BF16
+// Inf, keeping the sign: the multipliers that follow keep them (Inf x 0 is NaN, as in fp32).
+template <int V>
+__device__ __forceinline__ uint32_t CarrySpecials(uint32_t pr, uint32_t c0, uint32_t c1) {
+  auto fix = [](uint32_t half, uint32_t c) -> uint32_t {
+    const uint32_t sign = (c & 0x80u) << 8;
+    if constexpr (V == kV_E4M3) {
+      return (c & 0x7Fu) == 0x7Fu ? (sign | 0x7FC0u) : half;
+    } else {
+      return (c & 0x7Cu) != 0x7Cu ? half : (sign | ((c & 0x03u) ? 0x7FC0u : 0x7F80u));
+    }
+  };
+  return fix(pr & 0xFFFFu, c0 & 0xFFu) | (fix(pr >> 16, c1 & 0xFFu) << 16);
+}
+// Fp8WordToRaw with CarrySpecials applied.
+template <int V>
+__device__ __forceinline__ void Fp8WordToRawSpecial(uint32_t x, uint32_t& p0, uint32_t& p1) {
+  Fp8WordToRaw<V>(x, p0, p1);
+  p0 = CarrySpecials<V>(p0, x, x >> 8);
+  p1 = CarrySpecials<V>(p1, x >> 16, x >> 24);
+}
 // fp4: one 32-bit word (8 codes, low nibble first) -> four bf16x2 pairs (k0,k1)...(k6,k7).
 __device__ __forceinline__ void Fp4WordToRaw(uint32_t x, uint32_t& p0, uint32_t& p1, uint32_t& p2, uint32_t& p3) {
   const uint32_t xe = x << 4;  // even-k nibbles in the high half of each byte
@@ -913,14 +944,22 @@ __device__ __forceinline__ void ConvertRowUnit(const uint32_t (&codes)[16], cons
       ScaleToMul<V>(sf[gi], valid[gi], m1[gi], m2[gi], big);
       any_big |= big;
     }
-    WithSecondMultiplyIfAny(any_big, [&](auto two_multiplies) {
+    uint32_t specials = 0u;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) specials |= Fp8Specials<V>(codes[i]);
+    // The rare path also carries NaN/Inf codes (its second multiplier is 1 where no scale is big).
+    WithSecondMultiplyIfAny(any_big || AnySpecial(specials), [&](auto two_multiplies) {
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
         uint32_t lo[4], hi[4];
 #pragma unroll
         for (int t = 0; t < 4; ++t) {
           uint32_t a0, a1;
-          Fp8WordToRaw<V>(codes[4 * t + s], a0, a1);
+          if constexpr (decltype(two_multiplies)::value) {
+            Fp8WordToRawSpecial<V>(codes[4 * t + s], a0, a1);
+          } else {
+            Fp8WordToRaw<V>(codes[4 * t + s], a0, a1);
+          }
           const int gi = t >> 1;
           a0 = MulBF16x2(a0, m1[gi]);
           a1 = MulBF16x2(a1, m1[gi]);
@@ -1655,6 +1694,26 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
                 for (int s = 0; s < 4; ++s)
 #pragma unroll
                   for (int r = 0; r < 4; ++r) f[s][r] = MulBF16x2(f[s][r], m2v[r & 1]);
+              }
+              // Rarer (a NaN or Inf code among this warp's): convert again, carrying them.
+              if constexpr (!Tr::kFp4) {
+                uint32_t specials = 0u;
+#pragma unroll
+                for (int rr = 0; rr < 2; ++rr)
+#pragma unroll
+                  for (int s = 0; s < 4; ++s) specials |= Fp8Specials<V>(rawv[mi][rr][s]);
+                if (__any_sync(0xFFFFFFFFu, AnySpecial(specials))) {
+#pragma unroll
+                  for (int rr = 0; rr < 2; ++rr)
+#pragma unroll
+                    for (int s = 0; s < 4; ++s) {
+                      uint32_t pr[2];
+                      Fp8WordToRawSpecial<V>(rawv[mi][rr][s], pr[0], pr[1]);
+#pragma unroll
+                      for (int hh = 0; hh < 2; ++hh)
+                        f[s][rr + 2 * hh] = MulBF16x2(MulBF16x2(pr[hh], m1v[rr]), m2v[rr]);
+                    }
+                }
               }
             }
             // The slab's last step has consumed every value loaded from the raw stage: hand it back

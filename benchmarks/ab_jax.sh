@@ -3,8 +3,8 @@
 # against another package tree (B), each built once for sm_90a, then installed in turn and timed
 # with bench_gemm.py in the order A B A B, so that drift of the machine shows up in the table.
 # Ratios between two device calls are not comparable (cuBLAS bf16 at 8192^3 read 735-806 TFLOP/s
-# on different H200s); a harness A/B does not replace this (the harness and JAX disagreed once).
-#   mkdir -p other/B && git archive BRANCH | tar -x -C other/B   # here; other/ travels untracked
+# on different H200s); an A/B of the kernels alone does not replace this (they can disagree).
+#   mkdir -p other/B && git archive REF | tar -x -C other/B   # here; other/ travels untracked
 #   benchmarks/ab_jax.sh other/B 8192x8192x8192,16384x8192x1024  # there
 # Environment: JGA_AB_ROUNDS (default 2), JGA_AB_REPEATS (bench --repeats, default 5),
 # JGA_AB_ARCHS (default 90a), JGA_AB_FORMAT (bench --format, default mxfp8_e4m3), JGA_AB_ARGS (more

@@ -16,19 +16,19 @@ function, on N copies of the operands (identical calls on the same operands woul
 XLA, and an optimization barrier does not survive its passes), so that the table compares the
 operations rather than the dispatch. The repeats' outputs stay XLA temporaries, as a layer's do in
 a jitted step (`--chain-live-outputs` returns them all, which costs every path more host time per
-call). Even chained, a small shape can stay host-bound: XLA updates its command buffer on every call
-(session 22). Under the table, rows where a candidate spent most of its time enqueueing its calls
+call). Even chained, a small shape can stay host-bound: XLA updates its command buffer on every
+call. Under the table, rows where a candidate spent most of its time enqueueing its calls
 (the host's share of the wall time, before the wait for the last call) are listed with that share,
 and with each candidate's GPU work per operation from a jax.profiler trace: what the kernels do
 where the wall time is the host's (the ratios and means above stay by wall time).
 
 `--scan` runs each chain as `lax.scan` over the stacked operands instead (a stack of layers, as a
 model runs them): with jax 0.11.2 the loop runs on the host, one body per iteration, and XLA folds
-the slices of the stacked operands into the call (session 23). Its outputs are checked from a
+the slices of the stacked operands into the call. Its outputs are checked from a
 second, untimed scan that returns every iteration's C and amax.
 
-A shape may carry its own chain length, `MxNxK:N`. The default GPU shapes are issue #3's six, its
-two small ones chained 20 per call, so that one run gives the table its targets are read from.
+A shape may carry its own chain length, `MxNxK:N`. The default GPU shapes are six that span large,
+long-K, short-K, few-row and small problems, the two small ones chained 20 per call.
 
     python benchmarks/bench_gemm.py                 # default shapes, prints a markdown table
     python benchmarks/bench_gemm.py --record        # also appends the table to benchmarks/RESULTS.md
@@ -141,9 +141,9 @@ def chained(fn, n, live_outputs=False):
     per other repeat: by default C[0, 0] (+ amax) read behind an optimization barrier, so that every
     repeat's whole C is computed but lives in XLA's temporaries, as a layer's output does inside a
     jitted step. live_outputs=True returns every repeat's C instead: n more program outputs at new
-    addresses on every call (session 14 at 1024^3: +11 us per op for gemm_amax and the dequant path,
+    addresses on every call (at 1024^3 on an H200: +11 us per op for gemm_amax and the dequant path,
     +5 for cuBLAS). Either way the program's outputs move on every call, so XLA updates every command
-    of its command buffer per call and re-captures every FFI call in it (XLA's log, session 22):
+    of its command buffer per call and re-captures every FFI call in it (as XLA's log shows):
     chained small shapes measure that host work, not the kernels."""
     if n == 1:
         return fn

@@ -1,8 +1,7 @@
 """A stack of MLP layers as a user writes them, side by side: each layer quantizes its activation
 and multiplies it by a pre-quantized weight, then applies gelu. Where bench_gemm.py times the GEMM
 on operands quantized beforehand, this times what a layer pays, the activation's quantization
-included (on an H200 in session 13 it decided the comparison: `jga.quantize` was 3x its bandwidth
-bound, RESULTS.md session 14).
+included (on an H200 it is about a fifth of a 4096 x 4096 layer, paid by both quantized paths).
 
   * gemm_amax:   q, s = jga.quantize(x); c, amax = jga.gemm_amax(q, qw, s, sw) (bf16 C); gelu
   * XLA dequant: the same quantization of x, dequantized to bf16 (XLA fuses both into one pass),

@@ -4,13 +4,13 @@
 # side-by-side benchmark, --record), `memcheck` (compute-sanitizer on small cases), `train` (the
 # Flax example's step times), and, when named, `layer` (benchmarks/bench_layer.py: MLP layers with the
 # activation's quantization, f32 and bf16 activations, --record). Logs and the updated RESULTS.md
-# land in $OUT. Each stage has its own time limit; the default four take more than one device call's
-# 10 minutes, so run them as two calls:
+# land in $OUT. Each stage has its own time limit; the default four take more than 10 minutes in all,
+# so where one command may run 10 minutes at most, run them as two:
 #   benchmarks/gpu_run.sh tests
 #   benchmarks/gpu_run.sh bench memcheck train
 # Optional: JGA_TEST_PATHS="tests/test_gemm_amax.py ..." runs part of the suite, JGA_BIG_TRAIN=0 skips the large Flax example, JGA_BENCH_ARGS="--repeats 5" is passed to
-# the benchmark (all three save device time). The benchmark's default shapes are issue #3's six, the two
-# small ones chained 20 per jitted call (bench_gemm.py's docstring).
+# the benchmark (all three save GPU time). The benchmark's default shapes are its six, the two small ones
+# chained 20 per jitted call (bench_gemm.py's docstring).
 set -uo pipefail
 STAGES=" ${*:-tests bench memcheck train} "
 run_stage() { [[ "$STAGES" == *" $1 "* ]]; }
@@ -36,7 +36,7 @@ fi
 
 if run_stage tests; then
   # JGA_TEST_SHARDS pytest processes at once, each every N-th test (tests/conftest.py): the suite's
-  # time is mostly XLA's compiles on the host, ~500 s in one process in session 25.
+  # time is mostly XLA's compiles on the host (~500 s in one process on an H200 machine).
   # JGA_TEST_PATHS (paths relative to the repository root, default tests) runs part of the suite.
   SHARDS=${JGA_TEST_SHARDS:-3}; pids=(); paths=()
   for p in ${JGA_TEST_PATHS:-tests}; do paths+=("$REPO/$p"); done
@@ -59,7 +59,7 @@ fi
 if run_stage bench; then
   # Under JAX's default allocator (preallocation), as users run: with XLA_PYTHON_CLIENT_PREALLOCATE=false,
   # XLA's "Build buffer allocations" took 0.5-0.7 ms per call of a 20-op gemm_amax chain against
-  # 71 us with the preallocated pool (profiled, session 8, benchmarks/profile_chain.py).
+  # 71 us with the preallocated pool (benchmarks/profile_chain.py).
   env -u XLA_PYTHON_CLIENT_PREALLOCATE timeout 280 python3 "$REPO/benchmarks/bench_gemm.py" --record ${JGA_BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
   echo "bench rc=$?"; tail -10 "$OUT/bench.log"
   cp "$REPO/benchmarks/RESULTS.md" "$OUT/RESULTS.md" 2>/dev/null

@@ -68,7 +68,7 @@ message(STATUS "jax_gemm_amax: sm_100a kernels with CUTLASS ${JGA_CUTLASS_VERSIO
 # plus the dispatcher; each kernel TU takes 30-55 s and up to ~4.6 GB of compiler memory.
 file(GLOB JGA_SM100_SOURCES CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/ffi/cuda/sm100/*.cu)
 add_library(jga_cuda_sm100 STATIC ${JGA_SM100_SOURCES})
-# sm_100a SASS plus its PTX (tests/test_sm100_build.py inspects both with cuobjdump).
+# sm_100a SASS plus its PTX (tests/test_cuda_build.py inspects both with cuobjdump).
 # CUTLASS defines CUTLASS_ARCH_MMA_SM100_SUPPORTED / CUTLASS_ARCH_MMA_SM100A_ENABLED itself from
 # nvcc >= 12.8 and __CUDA_ARCH_FEAT_SM100_ALL, which compute_100a sets.
 set_target_properties(jga_cuda_sm100 PROPERTIES CUDA_ARCHITECTURES 100a)

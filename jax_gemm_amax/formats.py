@@ -152,8 +152,8 @@ def decode_scales(scales):
 def exact_pow2(k):
     """2.0 ** k as float32 for int32 ``k`` in [-127, 127], built from its bits (2^-127 is the one
     subnormal). Multiplying by it scales exactly, as ``jnp.ldexp`` does (the same bits on the GPU on
-    random and edge-case blocks, session 14), at one op per element instead of ldexp's ~60 (a frexp
-    and a float power per element): the whole quantize took 29-36% less time at 8192^2 on an H200."""
+    random and edge-case blocks), at one op per element instead of ldexp's ~60 (a frexp and a float
+    power per element): the whole quantize takes 29-36% less time at 8192^2 on an H200."""
     k = jnp.asarray(k, jnp.int32)
     bits = jnp.where(k >= -126, (k + 127) << 23, 1 << 22)
     return jax.lax.bitcast_convert_type(bits, jnp.float32)

@@ -1,8 +1,8 @@
 """An independent float64 numpy oracle and random problem generator for the tests.
 
 Nothing here uses jax_gemm_amax: operands are decoded with ml_dtypes or explicit tables and the
-scales are read with the seed's offset formula, so a layout or decoding bug in the library
-cannot hide in its own reference.
+scales are read with NVIDIA cuDNN frontend's offset formula, so a layout or decoding bug in the
+library cannot hide in its own reference.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ FP8 = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
 
 
 def scale_index(row, group):
-    """The seed's offset formula: tile (row // 128, group // 4), then (row % 32, (row % 128) // 32, group % 4)."""
+    """NVIDIA cuDNN frontend's offset formula: tile (row // 128, group // 4), then
+    (row % 32, (row % 128) // 32, group % 4)."""
     return row // 128, group // 4, row % 32, (row % 128) // 32, group % 4
 
 

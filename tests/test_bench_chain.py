@@ -115,7 +115,7 @@ def test_candidates_take_turns_and_get_their_own_medians(monkeypatch):
 
 def test_shapes_carry_their_own_chain(monkeypatch, capsys):
     """bench_gemm --shapes MxNxK[:chain]: a shape without one takes --chain; the default GPU shapes
-    are issue #3's six with the two small ones chained 20 per call; a chained row says so, and every
+    are the benchmark's six with the two small ones chained 20 per call; a chained row says so, and every
     candidate of it is checked against the f32 product (main asserts)."""
     assert bench_gemm.parse_shapes("1x2x3,4x5x6:7", 2) == [(1, 2, 3, 2), (4, 5, 6, 7)]
     assert [chain for *_, chain in bench_gemm.parse_shapes(bench_gemm.GPU_SHAPES, 1)] == [1, 1, 1, 1, 20, 20]

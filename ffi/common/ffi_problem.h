@@ -13,7 +13,7 @@ namespace jga {
 
 namespace ffi = xla::ffi;
 
-// Tuning hints passed as attributes (validated in Python against the seed's allowed values).
+// Tuning hints passed as attributes (validated in Python against NVIDIA cuDNN frontend's allowed values).
 struct GemmAmaxHints {
   int32_t tile_m = 128;
   int32_t tile_n = 128;

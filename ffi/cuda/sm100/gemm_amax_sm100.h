@@ -3,8 +3,8 @@
 // c_dtype of the contract and reduces amax per batch item. See sm100_kernel.cuh for the design
 // and sm100_dispatch.cu for the deliberate set of instantiated configurations.
 //
-// This path is compile-verified only (no SM100 GPU was available when it was written): the
-// test tests/test_sm100_build.py checks that the sm_100a cubin holds block-scaled tcgen05 MMAs.
+// This path is compile-verified only (no SM100 GPU has run it): tests/test_cuda_build.py checks
+// that the sm_100a cubin holds block-scaled tcgen05 MMAs.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -22,8 +22,9 @@
 //   a launch argument of the same kernel.
 // - mma_tiler_mn = (128, 256) is built for the two formats most used for large GEMMs (MXFP8 and
 //   NVFP4); the other FP4 flavours answer it with Unsupported() (use (128, 128)).
-// - TILE_M = 256 (the 2-SM cta_group::2 path, which the seed disables) is built once, for MXFP8
-//   with TILE_N = 128, to have the path compiled and dispatchable; it needs an even CLUSTER_M.
+// - TILE_M = 256 (the 2-SM cta_group::2 path, which NVIDIA's cuDNN-frontend op disables) is built
+//   once, for MXFP8 with TILE_N = 128, to have the path compiled and dispatchable; it needs an even
+//   CLUSTER_M.
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -75,7 +76,7 @@ const ConfigFns* Select(const GemmAmaxProblem& p, const char** why) {
   if (p.m > INT_MAX || p.n > INT_MAX || p.k > INT_MAX || p.batch > INT_MAX)
     return no("L, M, N and K must each be below 2^31 for the sm_100 kernel");
 
-  // Tuning hints (mma_tiler_mn, cluster_shape_mn), with the seed's rules.
+  // Tuning hints (mma_tiler_mn, cluster_shape_mn), with NVIDIA cuDNN frontend's rules.
   if (p.tile_m != 128 && p.tile_m != 256) return no("mma_tiler_mn: TILE_M must be 128 or 256");
   if (p.tile_n != 128 && p.tile_n != 256) return no("mma_tiler_mn: TILE_N must be 128 or 256");
   auto cluster_ok = [](int32_t v) { return v == 1 || v == 2 || v == 4; };

@@ -98,7 +98,7 @@ def test_c_major_m_returns_transpose(rng, c_dtype):
 def test_logical_scale_view_is_accepted(rng):
     p = npref.random_problem(rng, "e4m3", E8M0, 32, 256, 128, 256)
     a, b, sfa, sfb = _operands(p, None)
-    logical_a = np.transpose(p.sfa, (3, 4, 1, 5, 2, 0))  # the seed's (32, 4, M', 4, K', L)
+    logical_a = np.transpose(p.sfa, (3, 4, 1, 5, 2, 0))  # the cuDNN frontend's logical view (32, 4, M', 4, K', L)
     logical_b = np.transpose(p.sfb, (3, 4, 1, 5, 2, 0))
     result = jga.gemm_amax(a, b, logical_a, logical_b)
     _check(result, p, "float32")
@@ -231,8 +231,7 @@ def test_every_element_of_a_long_run(fmt, m, n, k):
     so the SM90 kernel splits K and hands fp32 partial tiles between CTAs (and 16384x8192x1024,
     with many rows, converts B to BF16 in a pass of its own first). 2560x1792x4096: the last
     wave of tiles is partial (on a 132-SM H200 the plan is 140 tiles of 256 rows: 132 run whole,
-    the last 8 split K 4 ways, a tail split; until session 14's cost model, 280 tiles of 128 rows
-    with 16 split 3 ways). Every element, in several calls, against the float32 product."""
+    the last 8 split K 4 ways, a tail split). Every element, in several calls, against the float32 product."""
     sfv = 16 if fmt == "nvfp4" else 32
     kx, kw = jax.random.split(jax.random.key(7))
     qa, sfa = jga.quantize(jax.random.normal(kx, (m, k), jnp.float32), fmt)

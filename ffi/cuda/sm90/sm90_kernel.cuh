@@ -75,6 +75,12 @@ struct VariantTraits {
   static constexpr int kOD = kO - kD;         // multiplier exponent field = s + kOD
   static constexpr int kT = 254 - kOD;        // largest e8m0 byte handled by one multiply
   static constexpr float kAccScale = kFp4 ? 65536.0f : 1.0f;  // 2^(2D)
+  // e8m0 scale bytes for which every code x scale (x 2^-D) is a BF16 value, exactly: the smallest
+  // code magnitude (e4m3 2^-9, e5m2 2^-16, e2m1 2^-1 x 2^-8) stays at or above BF16's smallest
+  // subnormal 2^-133 and the largest (448, 57344, 6 x 2^-8) below 2^128. A valid scale outside
+  // (but not NaN, 0xFF) makes the launch compute C exactly on the CUDA cores (ExactEpilogue).
+  static constexpr int kSafeLo = (V == kV_E5M2) ? 10 : 3;
+  static constexpr int kSafeHi = (V == kV_E4M3) ? 246 : (V == kV_E5M2) ? 239 : 254;
 };
 
 struct KParams {
@@ -86,6 +92,9 @@ struct KParams {
   long long sfa_batch_stride, sfb_batch_stride;
   const uint8_t* sfa;
   const uint8_t* sfb;
+  const uint8_t* a;    // the operands' codes (l, rows, row_bytes), for ExactEpilogue
+  const uint8_t* b;
+  long long row_bytes;
   void* c;
   float* amax;
   int c_type;
@@ -110,6 +119,7 @@ struct KParams {
   // The kernel zeroes amax and tile_ready itself (no kernel before it): CTA 0 writes the zeroes,
   // then every CTA arrives on one round of this word, and the consumers wait for the round to
   // complete before their first atomic (ResetRound). nullptr: nothing to zero (no amax, unsplit).
+  // reset_word[1 + cta] (kMaxGridCtas of them) carry each CTA's scale scan to the others.
   unsigned int* reset_word;
 };
 
@@ -246,7 +256,7 @@ struct Smem {
   static constexpr int kOffSfA = kOffBufA + kAStages * kBufA;
   static constexpr int kOffSfB = kOffSfA + kRawStages * kSfA;
   static constexpr int kOffBar = kOffSfB + kRawStages * kSfB;
-  static constexpr int kNumBars = 2 * (kRawStages + kBStages + kAStages) + 3;  // + the ping-pong order pair, the reset round
+  static constexpr int kNumBars = 2 * (kRawStages + kBStages + kAStages) + 4;  // + the ping-pong order pair, the reset round, the exact flag
   static constexpr int kOffStage = (kOffBar + kNumBars * 8 + 127) / 128 * 128;  // epilogue staging, 1 KB per consumer warp
   static constexpr int kBytes = kOffStage + 8 * kStageBytesPerWarp;
   static constexpr int kDynBytes = kBytes + 1024;  // slack for 1024-byte alignment
@@ -712,6 +722,46 @@ __device__ __forceinline__ void WaitForPartials(const KParams& p, const WorkUnit
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(ready) : "memory");
   } while (!__all_sync(0xFFFFFFFFu, seen >= need));
 }
+// Whether any valid e8m0 scale byte of the operands lies outside [kSafeLo, kSafeHi] (NaN, 0xFF,
+// is not: the conversion carries it). One warp scans this CTA's share of the 512-byte scale blocks
+// of A and B (block v of A's, then B's, for v = blockIdx.x, + gridDim.x, ...), lane j the 16 bytes
+// of row r % 32 == j: rows r + 32q (q = byte / 4), groups 4kb + byte % 4. Padding is not read as
+// scales. A few blocks per CTA on large problems, well inside the first tile's main loop.
+template <int V>
+__device__ __forceinline__ bool ScanForUnsafeScales(const KParams& p, int lane) {
+  using Tr = VariantTraits<V>;
+  if constexpr (Tr::kScaleE4M3) {
+    return false;  // e4m3 scales times e2m1 codes always fit BF16
+  } else {
+    const long long blocks_a = static_cast<long long>(p.row_blocks_a) * p.k_blocks;
+    const long long blocks_b = static_cast<long long>(p.row_blocks_b) * p.k_blocks;
+    const long long total = (blocks_a + blocks_b) * p.l;
+    bool unsafe = false;
+#pragma unroll 1
+    for (long long v = blockIdx.x; v < total; v += gridDim.x) {
+      const bool is_a = v < blocks_a * p.l;
+      const long long w = is_a ? v : v - blocks_a * p.l;
+      const long long per_batch = is_a ? blocks_a : blocks_b;
+      const int l = static_cast<int>(w / per_batch);
+      const int rem = static_cast<int>(w - l * per_batch);
+      const int rb = rem / p.k_blocks, kb = rem - rb * p.k_blocks;
+      const uint8_t* blk = (is_a ? p.sfa + l * p.sfa_batch_stride : p.sfb + l * p.sfb_batch_stride) +
+                           (static_cast<long long>(rb) * p.k_blocks + kb) * 512;
+      const uint4 q = __ldg(reinterpret_cast<const uint4*>(blk) + lane);
+      const uint32_t words[4] = {q.x, q.y, q.z, q.w};
+      const int rows = is_a ? p.m : p.n;
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        const int row = rb * 128 + 32 * (i >> 2) + lane, group = kb * 4 + (i & 3);
+        const uint32_t byte = (words[i >> 2] >> (8 * (i & 3))) & 0xFFu;
+        unsafe |= row < rows && group < p.k_groups && byte != 0xFFu &&
+                  (byte < static_cast<uint32_t>(Tr::kSafeLo) || byte > static_cast<uint32_t>(Tr::kSafeHi));
+      }
+    }
+    return __any_sync(0xFFFFFFFFu, unsafe);
+  }
+}
+
 // The launch's zeroing of amax and the split-K counters, ordered before every CTA's first atomic
 // without a kernel before this one. p.reset_word is a grid barrier word as cooperative groups keep
 // theirs (cooperative_groups/details/sync.h): zeroed once when allocated, never reset; CTA 0 adds
@@ -720,11 +770,17 @@ __device__ __forceinline__ void WaitForPartials(const KParams& p, const WorkUnit
 // lanes zero, then lane 0 arrives with release and polls with acquire until the bit flips, then
 // arrives on the CTA's reset mbarrier, which the consumers wait for after every main loop (a
 // completed phase: no wait after the first).
-__device__ __forceinline__ void ResetRound(const KParams& p, uint32_t bar_reset, int lane) {
-  if (p.reset_word == nullptr) {  // nothing to zero
+// The same round hands each CTA's ScanForUnsafeScales result to all: slot 1 + CTA, written before
+// the CTA's release; after the round every CTA reads all slots and leaves at `exact_flag` (shared
+// memory, before the mbarrier arrive that publishes it) whether this launch computes C exactly.
+template <int V>
+__device__ __forceinline__ void ResetRound(const KParams& p, uint32_t bar_reset, uint32_t exact_flag, int lane) {
+  if (p.reset_word == nullptr) {  // nothing to zero (amax skipped, unsplit: timing runs only)
+    if (lane == 0) asm volatile("st.shared.u32 [%0], %1;" ::"r"(exact_flag), "r"(0u) : "memory");
     MbarArriveIf(bar_reset, lane == 0);
     return;
   }
+  const bool unsafe = ScanForUnsafeScales<V>(p, lane);
   if (blockIdx.x == 0) {
     if ((p.flags & kFlagNoAmax) == 0)
       for (int i = lane; i < p.l; i += 32) p.amax[i] = 0.0f;
@@ -734,6 +790,7 @@ __device__ __forceinline__ void ResetRound(const KParams& p, uint32_t bar_reset,
     __syncwarp();
   }
   if (lane == 0) {
+    p.reset_word[1 + blockIdx.x] = unsafe ? 1u : 0u;
     const uint32_t add = blockIdx.x == 0 ? 0x80000000u - (gridDim.x - 1u) : 1u;
     uint32_t old, now;
     asm volatile("atom.add.release.gpu.u32 %0, [%1], %2;" : "=r"(old) : "l"(p.reset_word), "r"(add) : "memory");
@@ -741,6 +798,18 @@ __device__ __forceinline__ void ResetRound(const KParams& p, uint32_t bar_reset,
       asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(now) : "l"(p.reset_word) : "memory");
       if (((now ^ old) & 0x80000000u) == 0u) __nanosleep(100);
     } while (((now ^ old) & 0x80000000u) == 0u);
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");
+  }
+  __syncwarp();
+  bool any = false;
+  for (int i = lane; i < static_cast<int>(gridDim.x); i += 32) {
+    uint32_t slot;
+    asm volatile("ld.relaxed.gpu.u32 %0, [%1];" : "=r"(slot) : "l"(p.reset_word + 1 + i) : "memory");
+    any |= slot != 0u;
+  }
+  any = __any_sync(0xFFFFFFFFu, any);
+  if (lane == 0) {
+    asm volatile("st.shared.u32 [%0], %1;" ::"r"(exact_flag), "r"(any ? 1u : 0u) : "memory");
     MbarArriveIf(bar_reset, true);
   }
   __syncwarp();
@@ -852,6 +921,63 @@ __device__ __forceinline__ void Epilogue(float (&acc)[MI][64], const KParams& p,
         StorePair<CT>(p.c, row_idx + col, v0, v1, two);
       }
     }
+  }
+}
+
+// C element (l, row, col) computed exactly from the codes and scales in global memory: per K
+// group the fp32 dot of the decoded values, times its scales (ScaleBlockDot), summed in fp32.
+template <int V>
+__device__ __forceinline__ float ExactElement(const KParams& p, int l, int row, int col) {
+  using Tr = VariantTraits<V>;
+  const uint8_t* a = p.a + (static_cast<long long>(l) * p.m + row) * p.row_bytes;
+  const uint8_t* b = p.b + (static_cast<long long>(l) * p.n + col) * p.row_bytes;
+  const uint8_t* sfa = p.sfa + l * p.sfa_batch_stride + static_cast<long long>(row >> 7) * p.k_blocks * 512;
+  const uint8_t* sfb = p.sfb + l * p.sfb_batch_stride + static_cast<long long>(col >> 7) * p.k_blocks * 512;
+  constexpr ScaleType kScale = Tr::kScaleE4M3 ? ScaleType::kE4M3 : ScaleType::kE8M0;
+  float sum = 0.0f;
+#pragma unroll 1
+  for (int g = 0; g < p.k_groups; ++g) {
+    float dot = 0.0f;
+    if constexpr (Tr::kFp4) {
+      const uint8_t* ag = a + g * (Tr::kSfv / 2);
+      const uint8_t* bg = b + g * (Tr::kSfv / 2);
+#pragma unroll 4
+      for (int i = 0; i < Tr::kSfv / 2; ++i) {
+        dot = fmaf(DecodeE2M1(ag[i] & 0xF), DecodeE2M1(bg[i] & 0xF), dot);
+        dot = fmaf(DecodeE2M1(ag[i] >> 4), DecodeE2M1(bg[i] >> 4), dot);
+      }
+    } else {
+      const uint8_t* ag = a + g * Tr::kSfv;
+      const uint8_t* bg = b + g * Tr::kSfv;
+      constexpr OperandType kOp = V == kV_E4M3 ? OperandType::kE4M3 : OperandType::kE5M2;
+#pragma unroll 4
+      for (int i = 0; i < Tr::kSfv; ++i) dot = fmaf(DecodeOperand(kOp, ag[i]), DecodeOperand(kOp, bg[i]), dot);
+    }
+    const uint32_t off = (g >> 2) * 512;
+    sum += ScaleBlockDot(dot, kScale, sfa[off + SfInBlock(row, g & 3)], sfb[off + SfInBlock(col, g & 3)]);
+  }
+  return sum;
+}
+
+// The epilogue of a launch that ScanForUnsafeScales sent down the exact path: the thread's C
+// elements (Epilogue's) from ExactElement, stored and folded into amax as Epilogue does. Slow (CUDA
+// cores, operands read from global memory per element) and only for scales beyond BF16's reach,
+// where the BF16 tile in the accumulators is not the answer.
+template <int CT, int MI, int V>
+__device__ __forceinline__ void ExactEpilogue(const KParams& p, int l, int row_w, int col_t, int lane, float& amax_run) {
+  const int gr = FragRow(lane >> 2), t = lane & 3;
+  const size_t batch_off = static_cast<size_t>(l) * p.m;
+#pragma unroll 1
+  for (int e = 0; e < MI * 2 * 16; ++e) {
+    const int mi = e / 32, rr = (e / 16) & 1, j = e & 15;
+    const int row = row_w + gr + mi * 64 + rr * 8, col = col_t + 2 * t + 8 * j;
+    if (row >= p.m || col >= p.n) continue;
+    const bool two = col + 1 < p.n;
+    const float v0 = ExactElement<V>(p, l, row, col);
+    const float v1 = two ? ExactElement<V>(p, l, row, col + 1) : 0.0f;
+    amax_run = AbsMaxNaN(amax_run, v0);
+    if (two) amax_run = AbsMaxNaN(amax_run, v1);
+    StorePair<CT>(p.c, (batch_off + row) * static_cast<size_t>(p.n) + col, v0, v1, two);
   }
 }
 
@@ -1182,6 +1308,7 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
   const uint32_t bar_empty_a = bar_full_a + 8 * kAStages;
   const uint32_t bar_order = bar_empty_a + 8 * kAStages;  // ping-pong: warpgroup w's turn, w = 0, 1
   const uint32_t bar_reset = bar_order + 16;  // ResetRound: amax and the split-K counters are zero
+  const uint32_t bar_exact = bar_reset + 8;   // ResetRound's verdict: 1 if C is computed exactly (ExactEpilogue)
 
   // Broadcast from lane 0 so that ptxas can prove the role branches warp-uniform: WGMMA inside a
   // path it considers divergent gets serialized (a wait after every instruction, ptxas C7518).
@@ -1376,7 +1503,7 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
       }
       tr.Flush(p.trace, lane0);
     } else if (warp_idx == 2) {  // a warp that issues no copies
-      ResetRound(p, bar_reset, lane);
+      ResetRound<V>(p, bar_reset, bar_exact, lane);
     }
   } else if (warp_idx < R::kFirstConsumerWarp) {
     // ======================= WG1 (and WG2 at MI = 1): B converters =======================
@@ -1793,8 +1920,14 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
         const int col_t = (tc.nt * kCl + rank) * kBN;
         const bool full = (tc.mt * kBM + kBM <= p.m) && (col_t + kBN <= p.n);
         const uint32_t stage = smem + S::kOffStage + (warp_idx - R::kFirstConsumerWarp) * kStageBytesPerWarp;
+        // A vote, so that ptxas sees a warp-uniform branch (see FlushAmax).
+        const bool exact = __any_sync(0xFFFFFFFFu, Lds32(bar_exact) != 0u);
         auto epilogue = [&](auto ct) {
-          Epilogue<decltype(ct)::value, MI, V>(acc, p, tc.l, row_w, col_t, full, stage, lane, amax_run);
+          if (exact) {
+            ExactEpilogue<decltype(ct)::value, MI, V>(p, tc.l, row_w, col_t, lane, amax_run);
+          } else {
+            Epilogue<decltype(ct)::value, MI, V>(acc, p, tc.l, row_w, col_t, full, stage, lane, amax_run);
+          }
         };
         switch (p.c_type) {
           case static_cast<int>(OutputType::kF32): epilogue(std::integral_constant<int, 0>{}); break;

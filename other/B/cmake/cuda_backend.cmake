@@ -1,0 +1,28 @@
+# The CUDA backend: the FFI handler plus one static library of kernels per architecture, each
+# compiled only for its own arch (sm_90a kernels use wgmma, sm_100a ones tcgen05).
+enable_language(CUDA)
+find_package(CUDAToolkit REQUIRED)
+set(CMAKE_CUDA_STANDARD 17)
+set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+
+set(JGA_CUDA_FLAGS --expt-relaxed-constexpr -lineinfo)
+
+add_library(jga_cuda STATIC ffi/cuda/cuda_handler.cc)
+target_link_libraries(jga_cuda PUBLIC jga_core CUDA::cudart_static)
+
+if("90a" IN_LIST JAX_GEMM_AMAX_CUDA_ARCHS)
+  file(GLOB JGA_SM90_SOURCES CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/ffi/cuda/sm90/*.cu)
+  add_library(jga_cuda_sm90 STATIC ${JGA_SM90_SOURCES})
+  set_target_properties(jga_cuda_sm90 PROPERTIES CUDA_ARCHITECTURES 90a)
+  target_compile_options(jga_cuda_sm90 PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:${JGA_CUDA_FLAGS}>)
+  target_link_libraries(jga_cuda_sm90 PUBLIC jga_core CUDA::cudart_static)
+  target_link_libraries(jga_cuda PUBLIC jga_cuda_sm90)
+else()
+  message(FATAL_ERROR "JAX_GEMM_AMAX_CUDA_ARCHS must contain 90a (the Hopper kernels); got ${JAX_GEMM_AMAX_CUDA_ARCHS}")
+endif()
+
+if("100a" IN_LIST JAX_GEMM_AMAX_CUDA_ARCHS)
+  include(${CMAKE_CURRENT_LIST_DIR}/sm100.cmake)
+  target_link_libraries(jga_cuda PUBLIC jga_cuda_sm100)
+  target_compile_definitions(jga_cuda PRIVATE JGA_HAVE_SM100=1)
+endif()

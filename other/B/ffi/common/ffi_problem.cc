@@ -1,0 +1,119 @@
+#include "ffi_problem.h"
+
+#include <sstream>
+#include <vector>
+
+namespace jga {
+namespace {
+
+std::string ShapeString(const ffi::AnyBuffer& buf) {
+  std::ostringstream os;
+  os << "(";
+  auto dims = buf.dimensions();
+  for (size_t i = 0; i < dims.size(); ++i) os << (i ? ", " : "") << dims[i];
+  os << (dims.size() == 1 ? ",)" : ")");
+  return os.str();
+}
+
+ffi::Error Invalid(const std::string& msg) { return ffi::Error::InvalidArgument("gemm_amax: " + msg); }
+
+bool ShapeIs(const ffi::AnyBuffer& buf, const std::vector<int64_t>& want) {
+  auto dims = buf.dimensions();
+  if (dims.size() != want.size()) return false;
+  for (size_t i = 0; i < want.size(); ++i)
+    if (dims[i] != want[i]) return false;
+  return true;
+}
+
+std::string ShapeString(const std::vector<int64_t>& v) {
+  std::ostringstream os;
+  os << "(";
+  for (size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << v[i];
+  os << (v.size() == 1 ? ",)" : ")");
+  return os.str();
+}
+
+}  // namespace
+
+ffi::Error DescribeProblem(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b, const ffi::AnyBuffer& sfa,
+                           const ffi::AnyBuffer& sfb, const ffi::AnyBuffer& c, const ffi::AnyBuffer& amax,
+                           int32_t sf_vec_size, const GemmAmaxHints& hints, GemmAmaxProblem* p) {
+  using DT = ffi::DataType;
+  if (a.dimensions().size() != 3) return Invalid("a must be (L, M, K), got " + ShapeString(a));
+  if (b.dimensions().size() != 3) return Invalid("b must be (L, N, K), got " + ShapeString(b));
+  if (a.element_type() != b.element_type()) return Invalid("a and b must have the same dtype");
+  switch (a.element_type()) {
+    case DT::F8E4M3FN: p->ab_type = OperandType::kE4M3; break;
+    case DT::F8E5M2: p->ab_type = OperandType::kE5M2; break;
+    case DT::U8: p->ab_type = OperandType::kE2M1x2; break;
+    default: return Invalid("a/b dtype must be float8_e4m3fn, float8_e5m2 or uint8 (packed fp4)");
+  }
+  if (sfa.element_type() != sfb.element_type()) return Invalid("sfa and sfb must have the same dtype");
+  switch (sfa.element_type()) {
+    case DT::F8E8M0FNU:
+    case DT::U8:
+    case DT::S8: p->sf_type = ScaleType::kE8M0; break;
+    case DT::F8E4M3FN: p->sf_type = ScaleType::kE4M3; break;
+    default: return Invalid("sfa/sfb dtype must be float8_e8m0fnu, int8, uint8 or float8_e4m3fn");
+  }
+  switch (c.element_type()) {
+    case DT::F32: p->c_type = OutputType::kF32; break;
+    case DT::F16: p->c_type = OutputType::kF16; break;
+    case DT::BF16: p->c_type = OutputType::kBF16; break;
+    case DT::F8E4M3FN: p->c_type = OutputType::kE4M3; break;
+    case DT::F8E5M2: p->c_type = OutputType::kE5M2; break;
+    case DT::U8: p->c_type = OutputType::kE2M1x2; break;
+    default: return Invalid("c dtype must be float32, float16, bfloat16, float8_e4m3fn, float8_e5m2 or uint8");
+  }
+  if (amax.element_type() != DT::F32) return Invalid("amax must be float32");
+  if (sf_vec_size != 16 && sf_vec_size != 32) return Invalid("sf_vec_size must be 16 or 32");
+  p->sf_vec_size = sf_vec_size;
+
+  const bool fp4 = p->fp4_operands();
+  auto ad = a.dimensions();
+  auto bd = b.dimensions();
+  p->batch = ad[0];
+  p->m = ad[1];
+  p->n = bd[1];
+  p->k = fp4 ? ad[2] * 2 : ad[2];
+  if (bd[0] != p->batch || bd[2] != ad[2])
+    return Invalid("b " + ShapeString(b) + " does not match a " + ShapeString(a));
+  if (p->batch < 1 || p->m < 1 || p->n < 1 || p->k < 1) return Invalid("L, M, N and K must be at least 1");
+
+  if (p->sf_type == ScaleType::kE4M3 && sf_vec_size != 16)
+    return Invalid("float8_e4m3fn scales require sf_vec_size=16");
+  if (!fp4 && sf_vec_size != 32) return Invalid("fp8 a/b require sf_vec_size=32");
+  if (p->c_type == OutputType::kE2M1x2 && !fp4) return Invalid("fp4 c requires fp4 a/b");
+  if (p->k % sf_vec_size != 0) return Invalid("K must be a multiple of sf_vec_size");
+  if (p->operand_row_bytes() % 16 != 0) return Invalid("rows of a and b must be 16-byte aligned");
+
+  if ((p->n * OutputBits(p->c_type)) % 128 != 0) return Invalid("rows of c must be 16-byte aligned");
+
+  const std::vector<int64_t> want_sfa = {p->batch, p->row_blocks(p->m), p->k_blocks(), 32, 4, 4};
+  const std::vector<int64_t> want_sfb = {p->batch, p->row_blocks(p->n), p->k_blocks(), 32, 4, 4};
+  if (!ShapeIs(sfa, want_sfa)) return Invalid("sfa must be " + ShapeString(want_sfa) + ", got " + ShapeString(sfa));
+  if (!ShapeIs(sfb, want_sfb)) return Invalid("sfb must be " + ShapeString(want_sfb) + ", got " + ShapeString(sfb));
+  const std::vector<int64_t> want_c = {p->batch, p->m, p->c_row_storage_elems()};
+  if (!ShapeIs(c, want_c)) return Invalid("c must be " + ShapeString(want_c) + ", got " + ShapeString(c));
+  if (!ShapeIs(amax, {p->batch})) return Invalid("amax must be (L,), got " + ShapeString(amax));
+
+  p->tile_m = hints.tile_m;
+  p->tile_n = hints.tile_n;
+  p->cluster_m = hints.cluster_m;
+  p->cluster_n = hints.cluster_n;
+  return ffi::Error::Success();
+}
+
+GemmAmaxBuffers BuffersOf(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b, const ffi::AnyBuffer& sfa,
+                          const ffi::AnyBuffer& sfb, const ffi::AnyBuffer& c, const ffi::AnyBuffer& amax) {
+  GemmAmaxBuffers buf;
+  buf.a = a.untyped_data();
+  buf.b = b.untyped_data();
+  buf.sfa = sfa.untyped_data();
+  buf.sfb = sfb.untyped_data();
+  buf.c = c.untyped_data();
+  buf.amax = static_cast<float*>(amax.untyped_data());
+  return buf;
+}
+
+}  // namespace jga

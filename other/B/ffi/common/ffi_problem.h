@@ -1,0 +1,53 @@
+// Decoding and validation of one gemm_amax FFI call, shared by the CPU and CUDA handlers.
+// The Python layer raises the same errors at trace time; this is the last line of defence
+// against a malformed custom call (it returns an ffi::Error, never crashes).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "problem.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace jga {
+
+namespace ffi = xla::ffi;
+
+// Tuning hints passed as attributes (validated in Python against the seed's allowed values).
+struct GemmAmaxHints {
+  int32_t tile_m = 128;
+  int32_t tile_n = 128;
+  int32_t cluster_m = 1;
+  int32_t cluster_n = 1;
+};
+
+// Arguments, in order: a (L, M, Kbytes), b (L, N, Kbytes), sfa, sfb (L, rows/128, kblocks, 32, 4, 4).
+// Results: c (L, M, N or N/2), amax (L,) float32.
+ffi::Error DescribeProblem(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b, const ffi::AnyBuffer& sfa,
+                           const ffi::AnyBuffer& sfb, const ffi::AnyBuffer& c, const ffi::AnyBuffer& amax,
+                           int32_t sf_vec_size, const GemmAmaxHints& hints, GemmAmaxProblem* problem);
+
+GemmAmaxBuffers BuffersOf(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b, const ffi::AnyBuffer& sfa,
+                          const ffi::AnyBuffer& sfb, const ffi::AnyBuffer& c, const ffi::AnyBuffer& amax);
+
+}  // namespace jga
+
+// The FFI binding of the handler signature: operands, then results, then attributes. The CUDA
+// handler adds a third result between them, its workspace (see cuda_handler.cc). Every stage of a
+// call sees the same attributes, so each stage's binding declares them all.
+#define JGA_GEMM_AMAX_BINDING_ATTRS \
+  .Attr<int32_t>("sf_vec_size")     \
+      .Attr<int32_t>("tile_m")      \
+      .Attr<int32_t>("tile_n")      \
+      .Attr<int32_t>("cluster_m")   \
+      .Attr<int32_t>("cluster_n")
+
+#define JGA_GEMM_AMAX_BINDING_BUFFERS                              \
+  .Arg<xla::ffi::AnyBuffer>()     /* a */                          \
+      .Arg<xla::ffi::AnyBuffer>() /* b */                          \
+      .Arg<xla::ffi::AnyBuffer>() /* sfa */                        \
+      .Arg<xla::ffi::AnyBuffer>() /* sfb */                        \
+      .Ret<xla::ffi::AnyBuffer>() /* c */                          \
+      .Ret<xla::ffi::AnyBuffer>() /* amax, one per batch item */
+
+#define JGA_GEMM_AMAX_BINDING_ARGS JGA_GEMM_AMAX_BINDING_BUFFERS JGA_GEMM_AMAX_BINDING_ATTRS

@@ -1,0 +1,206 @@
+"""The Python half of the semantic core: dtype tables and trace-time validation.
+
+Everything here works on shapes and dtypes only, so errors surface at trace time with the
+argument's name, what was expected and what came. ``ffi/common/ffi_problem.cc`` holds the C++
+twin that guards the custom call itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+# Operand (A/B) dtypes. uint8 is packed FP4: two e2m1 values per byte, low nibble = even k.
+FP8_OPERANDS = (np.dtype(jnp.float8_e4m3fn), np.dtype(jnp.float8_e5m2))
+FP4_OPERAND = np.dtype(jnp.float4_e2m1fn)
+PACKED_FP4 = np.dtype(np.uint8)
+OPERAND_DTYPES = FP8_OPERANDS + (FP4_OPERAND, PACKED_FP4)
+
+# Scale dtypes: int8/uint8 are read as e8m0.
+E8M0 = np.dtype(jnp.float8_e8m0fnu)
+E8M0_LIKE = (E8M0, np.dtype(np.int8), np.dtype(np.uint8))
+E4M3 = np.dtype(jnp.float8_e4m3fn)
+SCALE_DTYPES = E8M0_LIKE + (E4M3,)
+
+# Output dtypes. uint8 is packed FP4 along N.
+C_DTYPES = (
+    np.dtype(np.float32),
+    np.dtype(jnp.float16),
+    np.dtype(jnp.bfloat16),
+    np.dtype(jnp.float8_e4m3fn),
+    np.dtype(jnp.float8_e5m2),
+    FP4_OPERAND,
+    PACKED_FP4,
+)
+FP4_C_DTYPES = (FP4_OPERAND, PACKED_FP4)
+
+SF_VEC_SIZES = (16, 32)
+SCALE_ROWS_PER_BLOCK = 128
+SCALE_GROUPS_PER_BLOCK = 4
+SCALE_ATOM = (32, 4, 4)
+
+# The seed's tuning surface. Tile M = 256 (2-SM) is valid on Blackwell but not built.
+TILE_M_VALUES = (128,)
+TILE_M_NOT_BUILT = (256,)
+TILE_N_VALUES = (128, 256)
+CLUSTER_VALUES = (1, 2, 4)
+
+
+def _dtype_name(dt: Any) -> str:
+    return np.dtype(dt).name
+
+
+def _names(dtypes) -> str:
+    return ", ".join(_dtype_name(d) for d in dtypes)
+
+
+def canonical_dtype(dtype: Any, argname: str) -> np.dtype:
+    """Accepts jnp/numpy/ml_dtypes dtypes, dtype name strings and torch dtypes."""
+    if type(dtype).__module__ == "torch":  # torch.float32 etc., without importing torch
+        dtype = str(dtype).removeprefix("torch.")
+        dtype = {"float4_e2m1fn_x2": "uint8"}.get(dtype, dtype)
+    try:
+        return np.dtype(jnp.dtype(dtype))
+    except TypeError as e:
+        raise TypeError(f"{argname}: {dtype!r} is not a dtype") from e
+
+
+def is_fp4(dtype: np.dtype) -> bool:
+    return dtype in (FP4_OPERAND, PACKED_FP4)
+
+
+def scale_shape(rows: int, k: int, sf_vec_size: int, batch: int | None = None) -> tuple[int, ...]:
+    """Physical 128x4 scale shape (L, ceil(rows/128), ceil(K/(4*sfv)), 32, 4, 4)."""
+    groups = k // sf_vec_size
+    shape = (
+        math.ceil(rows / SCALE_ROWS_PER_BLOCK),
+        math.ceil(groups / SCALE_GROUPS_PER_BLOCK),
+    ) + SCALE_ATOM
+    return shape if batch is None else (batch,) + shape
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """A validated gemm_amax call, described by shapes and dtypes."""
+
+    batch: int | None  # None when a and b are 2-D
+    m: int
+    n: int
+    k: int  # logical K, in elements
+    ab_dtype: np.dtype
+    sf_dtype: np.dtype
+    sf_vec_size: int
+    c_dtype: np.dtype
+
+    @property
+    def fp4(self) -> bool:
+        return is_fp4(self.ab_dtype)
+
+
+def _check_seed_tuning(mma_tiler_mn, cluster_shape_mn, problem: Problem) -> tuple[tuple[int, int], tuple[int, int]]:
+    try:
+        tile_m, tile_n = (int(v) for v in mma_tiler_mn)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"mma_tiler_mn must be a pair of ints, got {mma_tiler_mn!r}") from e
+    try:
+        cluster_m, cluster_n = (int(v) for v in cluster_shape_mn)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"cluster_shape_mn must be a pair of ints, got {cluster_shape_mn!r}") from e
+    if tile_m in TILE_M_NOT_BUILT:
+        raise NotImplementedError(f"mma_tiler_mn: TILE_M = {tile_m} (2-SM tiles) is not built; use TILE_M = 128")
+    if tile_m not in TILE_M_VALUES:
+        raise ValueError(f"mma_tiler_mn: TILE_M must be one of {TILE_M_VALUES}, got {tile_m}")
+    if tile_n not in TILE_N_VALUES:
+        raise ValueError(f"mma_tiler_mn: TILE_N must be one of {TILE_N_VALUES}, got {tile_n}")
+    for name, v in (("CLUSTER_M", cluster_m), ("CLUSTER_N", cluster_n)):
+        if v not in CLUSTER_VALUES:
+            raise ValueError(f"cluster_shape_mn: {name} must be one of {CLUSTER_VALUES}, got {v}")
+    if problem.fp4 and tile_n == 256 and problem.k <= 128:
+        raise NotImplementedError("mma_tiler_mn: FP4 a/b with TILE_N = 256 requires K > 128")
+    if (tile_m, tile_n) == (128, 256) and problem.sf_vec_size == 16 and problem.c_dtype in (
+        np.dtype(np.float32), np.dtype(jnp.float16), np.dtype(jnp.bfloat16)
+    ):
+        raise NotImplementedError(
+            "mma_tiler_mn=(128, 256) with sf_vec_size=16 and a float32/float16/bfloat16 c is not supported"
+        )
+    return (tile_m, tile_n), (cluster_m, cluster_n)
+
+
+def check_problem(
+    a, b, sfa, sfb, *, c_dtype, sf_vec_size, acc_dtype, mma_tiler_mn, cluster_shape_mn, c_major
+) -> tuple[Problem, tuple[int, int], tuple[int, int]]:
+    """Validates a gemm_amax call. ``a``..``sfb`` are anything with ``.shape`` and ``.dtype``;
+    the scales must already be in the physical layout (see ``layout.as_physical``)."""
+    ab_dtype = np.dtype(a.dtype)
+    if ab_dtype not in OPERAND_DTYPES:
+        raise TypeError(f"a: dtype must be one of {_names(OPERAND_DTYPES)}, got {ab_dtype.name}")
+    if np.dtype(b.dtype) != ab_dtype:
+        raise TypeError(f"b: dtype must match a ({ab_dtype.name}), got {np.dtype(b.dtype).name}")
+    if a.ndim not in (2, 3):
+        raise ValueError(f"a: must be (M, K) or (L, M, K), got shape {tuple(a.shape)}")
+    if b.ndim != a.ndim:
+        raise ValueError(f"b: must have a's rank {a.ndim} ({'(N, K)' if a.ndim == 2 else '(L, N, K)'}), got shape {tuple(b.shape)}")
+    batch = None if a.ndim == 2 else a.shape[0]
+    if batch is not None and b.shape[0] != batch:
+        raise ValueError(f"b: batch L must match a's ({batch}), got shape {tuple(b.shape)}")
+    if a.shape[-1] != b.shape[-1]:
+        raise ValueError(f"b: K must match a's (a {tuple(a.shape)}, b {tuple(b.shape)})")
+    m, n = a.shape[-2], b.shape[-2]
+    k = a.shape[-1] * (2 if ab_dtype == PACKED_FP4 else 1)
+    if min(m, n, k) < 1 or (batch is not None and batch < 1):
+        raise ValueError(f"a, b: L, M, N and K must be at least 1 (a {tuple(a.shape)}, b {tuple(b.shape)})")
+
+    sf_dtype = np.dtype(sfa.dtype)
+    if sf_dtype not in SCALE_DTYPES:
+        raise TypeError(f"sfa: dtype must be one of {_names(SCALE_DTYPES)}, got {sf_dtype.name}")
+    if np.dtype(sfb.dtype) != sf_dtype:
+        raise TypeError(f"sfb: dtype must match sfa ({sf_dtype.name}), got {np.dtype(sfb.dtype).name}")
+    if sf_vec_size not in SF_VEC_SIZES:
+        raise ValueError(f"sf_vec_size must be one of {SF_VEC_SIZES}, got {sf_vec_size!r}")
+    c_dtype = canonical_dtype(c_dtype, "c_dtype")
+    if c_dtype not in C_DTYPES:
+        raise TypeError(f"c_dtype must be one of {_names(C_DTYPES)}, got {c_dtype.name}")
+    acc = canonical_dtype(acc_dtype, "acc_dtype")
+    if acc != np.dtype(np.float32):
+        raise NotImplementedError(f"acc_dtype: only float32 accumulation is supported, got {acc.name}")
+    if c_major not in ("n", "m"):
+        raise ValueError(f"c_major must be 'n' or 'm', got {c_major!r}")
+
+    fp4 = is_fp4(ab_dtype)
+    if sf_dtype == E4M3 and sf_vec_size != 16:
+        raise ValueError("sfa/sfb: float8_e4m3fn scales require sf_vec_size=16")
+    if not fp4 and sf_vec_size != 32:
+        raise ValueError(f"sf_vec_size: fp8 a/b ({ab_dtype.name}) require sf_vec_size=32, got {sf_vec_size}")
+    if c_dtype in FP4_C_DTYPES and not fp4:
+        raise ValueError(f"c_dtype: fp4 c ({c_dtype.name}) requires fp4 a/b, got {ab_dtype.name}")
+    if k % sf_vec_size:
+        raise ValueError(f"a, b: K ({k}) must be a multiple of sf_vec_size ({sf_vec_size})")
+    row_bytes = k // 2 if fp4 else k
+    if row_bytes % 16:
+        raise ValueError(
+            f"a, b: rows must be 16-byte aligned: K={k} {ab_dtype.name} is {row_bytes} bytes "
+            f"(K must be a multiple of {32 if fp4 else 16})"
+        )
+    c_minor = m if c_major == "m" else n
+    c_bits = 4 if c_dtype in FP4_C_DTYPES else c_dtype.itemsize * 8
+    if c_minor * c_bits % 128:
+        which = "M" if c_major == "m" else "N"
+        raise ValueError(
+            f"c_dtype: rows of c must be 16-byte aligned: {which}={c_minor} in {c_dtype.name} "
+            f"is not a multiple of {128 // c_bits}"
+        )
+
+    for name, sf, rows in (("sfa", sfa, m), ("sfb", sfb, n)):
+        want = scale_shape(rows, k, sf_vec_size, batch)
+        if tuple(sf.shape) != want:
+            raise ValueError(
+                f"{name}: expected the physical 128x4 layout {want} for {'M' if name == 'sfa' else 'N'}={rows}, "
+                f"K={k}, sf_vec_size={sf_vec_size}, got {tuple(sf.shape)}"
+            )
+    problem = Problem(batch, m, n, k, ab_dtype, sf_dtype, sf_vec_size, c_dtype)
+    tiler, cluster = _check_seed_tuning(mma_tiler_mn, cluster_shape_mn, problem)
+    return problem, tiler, cluster

@@ -1,0 +1,165 @@
+"""Narrow formats: the quantization formats and the packed-FP4 container.
+
+Packed FP4 is ``uint8`` holding two e2m1 codes, the low nibble the even element. Conversions
+work on the codes with elementwise integer and float arithmetic (no gathers, no FP8/FP4 converts):
+exact, independent of how a backend stores ``float4_e2m1fn`` arrays, safe from XLA's
+excess-precision folding, and shardable like any elementwise op (a table gather is not, on
+``AxisType.Explicit`` meshes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+# Magnitudes of e2m1 codes 0..7; code | 8 is the negative.
+E2M1_MAGNITUDES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], np.float32)
+_E2M1_MIDPOINTS = (E2M1_MAGNITUDES[1:] + E2M1_MAGNITUDES[:-1]) / 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Format:
+    name: str
+    value_dtype: np.dtype  # logical element dtype
+    max_value: float
+    scale_dtype: np.dtype
+    sf_vec_size: int
+
+
+FORMATS = {
+    "mxfp8_e4m3": Format("mxfp8_e4m3", np.dtype(jnp.float8_e4m3fn), 448.0, np.dtype(jnp.float8_e8m0fnu), 32),
+    "mxfp8_e5m2": Format("mxfp8_e5m2", np.dtype(jnp.float8_e5m2), 57344.0, np.dtype(jnp.float8_e8m0fnu), 32),
+    "mxfp4": Format("mxfp4", np.dtype(jnp.float4_e2m1fn), 6.0, np.dtype(jnp.float8_e8m0fnu), 32),
+    "nvfp4": Format("nvfp4", np.dtype(jnp.float4_e2m1fn), 6.0, np.dtype(jnp.float8_e4m3fn), 16),
+}
+
+
+def get_format(fmt: str) -> Format:
+    try:
+        return FORMATS[fmt]
+    except KeyError:
+        raise ValueError(f"fmt must be one of {sorted(FORMATS)}, got {fmt!r}") from None
+
+
+def e2m1_codes(x):
+    """Rounds float values to e2m1 (nearest, ties to even, saturating at 6) and returns 4-bit codes
+    as uint8. NaN becomes +6 (e2m1 has no NaN)."""
+    x = jnp.asarray(x, jnp.float32)
+    mag = jnp.abs(x)
+    # Code = number of midpoints below the magnitude; on a midpoint (between codes i and i + 1)
+    # round to the even code.
+    idx = jnp.zeros(x.shape, jnp.int32)
+    for i, mid in enumerate(_E2M1_MIDPOINTS):
+        up = (mag > mid) | ((mag == mid) & ((i + 1) % 2 == 0))
+        idx = idx + up.astype(jnp.int32)
+    idx = jnp.where(jnp.isnan(x), 7, idx)
+    sign = jnp.where(jnp.signbit(x) & ~jnp.isnan(x), 8, 0)
+    return (idx + sign).astype(jnp.uint8)
+
+
+def _minifloat_value(mag, negative, *, mantissa_bits: int, bias: int):
+    """Magnitude codes (int32: the exponent field above ``mantissa_bits`` mantissa bits, exponent 0
+    subnormal) and a sign flag -> float32, exactly. Inf/NaN codes are the caller's."""
+    e = mag >> mantissa_bits
+    m = mag & ((1 << mantissa_bits) - 1)
+    significand = jnp.where(e > 0, m + (1 << mantissa_bits), m).astype(jnp.float32)
+    value = jnp.ldexp(significand, jnp.maximum(e, 1) - bias - mantissa_bits)
+    return jnp.where(negative != 0, -value, value)
+
+
+def e2m1_values(codes):
+    """4-bit codes (uint8) -> float32 values."""
+    codes = codes.astype(jnp.int32)
+    return _minifloat_value(codes & 7, codes & 8, mantissa_bits=1, bias=1)
+
+
+def pack_fp4(codes):
+    """(..., K) e2m1 codes -> (..., K // 2) uint8, low nibble = even element."""
+    lo = codes[..., 0::2]
+    hi = codes[..., 1::2]
+    return (lo | (hi << 4)).astype(jnp.uint8)
+
+
+def unpack_fp4(packed):
+    """(..., K // 2) uint8 -> (..., K) e2m1 codes."""
+    lo = packed & 0xF
+    hi = packed >> 4
+    return jnp.stack([lo, hi], axis=-1).reshape(*packed.shape[:-1], packed.shape[-1] * 2)
+
+
+def packed_from_float4(x):
+    """A ``float4_e2m1fn`` array -> packed uint8 along the last axis."""
+    return pack_fp4(e2m1_codes(x.astype(jnp.float32)))
+
+
+def float4_from_packed(packed):
+    """Packed uint8 -> ``float4_e2m1fn`` array (last axis doubled)."""
+    return e2m1_values(unpack_fp4(packed)).astype(jnp.float4_e2m1fn)
+
+
+def saturating_cast(x, dtype):
+    """float32 -> ``dtype`` with round-to-nearest-even and, for FP8/FP4, saturation to the
+    largest finite value (NaN stays NaN where the format has one)."""
+    dtype = np.dtype(dtype)
+    if dtype in (np.dtype(jnp.float8_e4m3fn), np.dtype(jnp.float8_e5m2)):
+        limit = float(jnp.finfo(dtype).max)
+        return jnp.clip(x, -limit, limit).astype(dtype)
+    if dtype == np.dtype(jnp.float4_e2m1fn):
+        return e2m1_values(e2m1_codes(x)).astype(dtype)
+    if dtype == np.dtype(np.uint8):
+        return pack_fp4(e2m1_codes(x))
+    return x.astype(dtype)
+
+
+# (mantissa bits, exponent bias) of the FP8 formats.
+_FP8_FIELDS = {np.dtype(jnp.float8_e4m3fn): (3, 7), np.dtype(jnp.float8_e5m2): (2, 15)}
+
+
+def decode_fp8(x):
+    """float8_e4m3fn / float8_e5m2 -> float32 through the bit pattern.
+
+    Not ``x.astype(float32)``: inside one jit, XLA may fold ``convert(convert(y, f8), f32)`` into
+    ``y`` (excess precision, on by default on GPU), so a quantize-then-dequantize would silently
+    skip the rounding. Decoding the bitcast code arithmetically keeps the FP8 value exact.
+    """
+    dtype = np.dtype(x.dtype)
+    mantissa_bits, bias = _FP8_FIELDS[dtype]
+    code = jax.lax.bitcast_convert_type(x, jnp.uint8).astype(jnp.int32)
+    mag = code & 0x7F
+    value = _minifloat_value(mag, code & 0x80, mantissa_bits=mantissa_bits, bias=bias)
+    if dtype == np.dtype(jnp.float8_e4m3fn):  # S.1111.111 is NaN, no infinities
+        return jnp.where(mag == 0x7F, jnp.nan, value)
+    # e5m2: exponent 11111 is Inf (mantissa 0) or NaN
+    special = jnp.where(mag == 0x7C, jnp.where(code & 0x80, -jnp.inf, jnp.inf), jnp.nan)
+    return jnp.where(mag >= 0x7C, special, value)
+
+
+def decode_scales(scales):
+    """Scale bytes -> float32. e8m0 (and int8/uint8 read as e8m0) is 2^(code - 127), 0xFF NaN;
+    float8_e4m3fn is converted as a value."""
+    dtype = np.dtype(scales.dtype)
+    if dtype == np.dtype(jnp.float8_e4m3fn):
+        return decode_fp8(scales)
+    if dtype != np.dtype(np.uint8):
+        scales = jax.lax.bitcast_convert_type(scales, jnp.uint8)
+    code = scales.astype(jnp.int32)
+    return jnp.where(code == 255, jnp.nan, jnp.ldexp(jnp.float32(1.0), code - 127))
+
+
+def exact_pow2(k):
+    """2.0 ** k as float32 for int32 ``k`` in [-127, 127], built from its bits (2^-127 is the one
+    subnormal). Multiplying by it scales exactly, as ``jnp.ldexp`` does (the same bits on the GPU on
+    random and edge-case blocks, session 14), at one op per element instead of ldexp's ~60 (a frexp
+    and a float power per element): the whole quantize took 29-36% less time at 8192^2 on an H200."""
+    k = jnp.asarray(k, jnp.int32)
+    bits = jnp.where(k >= -126, (k + 127) << 23, 1 << 22)
+    return jax.lax.bitcast_convert_type(bits, jnp.float32)
+
+
+def e8m0_from_exponent(exponent):
+    """Integer exponents in [-127, 127] -> float8_e8m0fnu scales."""
+    code = (jnp.clip(exponent, -127, 127) + 127).astype(jnp.uint8)
+    return jax.lax.bitcast_convert_type(code, jnp.float8_e8m0fnu)

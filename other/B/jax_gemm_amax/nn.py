@@ -1,0 +1,270 @@
+"""Flax NNX layer: :class:`MXLinear`, a drop-in ``nnx.Linear`` whose three GEMMs (forward, dgrad,
+wgrad) run through :func:`jax_gemm_amax.gemm_amax` on block-scaled (MXFP8 by default) operands.
+
+Import it as ``import jax_gemm_amax.nn`` (or ``from jax_gemm_amax.nn import MXLinear``); it needs
+``flax``, which ``import jax_gemm_amax`` does not.
+
+Gradients are a straight-through estimator with respect to the quantization: the backward pass
+treats ``quantize`` as the identity and differentiates the float product ``x @ W``, i.e.
+
+    dX = dY · Wᵀ        (contraction over out_features)
+    dW = Xᵀ · dY        (contraction over the flattened batch M)
+
+and evaluates both products with ``gemm_amax`` on operands re-quantized (format ``grad_fmt``) along
+*their* contraction axis. No gradient flows into the amax.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from types import MappingProxyType
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from flax.nnx.nn.linear import default_bias_init, default_kernel_init
+
+from . import formats
+from ._problem import is_fp4
+from .ops import gemm_amax
+from .quantize import quantize
+
+__all__ = ["AmaxHistory", "MXLinear", "OutputAmax", "mx_matmul"]
+
+
+class OutputAmax(nnx.Variable):
+    """``max |y|`` of the layer's latest forward call (float32 scalar, before rounding to out_dtype)."""
+
+
+class AmaxHistory(nnx.Variable):
+    """The last ``amax_history_length`` output amaxes, newest first (float32 vector)."""
+
+
+# ----------------------------------------------------------------------------------------------
+# The functional core: y = x @ w through gemm_amax, with a custom VJP.
+
+
+@dataclasses.dataclass(frozen=True)
+class _Config:
+    fmt: str
+    grad_fmt: str
+    c_dtype: np.dtype  # of the forward GEMM's output
+
+
+def _k_multiple(fmt: str) -> int:
+    """The contraction length must be a multiple of this: the scale block and 16-byte rows."""
+    f = formats.get_format(fmt)
+    elements_per_16_bytes = 32 if is_fp4(f.value_dtype) else 16
+    return math.lcm(f.sf_vec_size, elements_per_16_bytes)
+
+
+def _pad_to(x, axis: int, multiple: int):
+    size = x.shape[axis]
+    extra = -size % multiple
+    if extra == 0:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, extra)
+    return jnp.pad(x, widths)  # zeros: they add nothing to the sums and never raise a block's amax
+
+
+def _nt_gemm(a, b, fmt: str, c_dtype):
+    """``a (R, K) · b (S, K)ᵀ`` through gemm_amax, both operands quantized to ``fmt`` along K.
+
+    Pads K with zeros to the format's block / 16-byte alignment and S to C's 16-byte row alignment,
+    so any R, S, K >= 1 work. Returns ``(c (R, S) in c_dtype, amax)``.
+    """
+    c_dtype = np.dtype(c_dtype)
+    s = b.shape[0]
+    a = _pad_to(a, 1, _k_multiple(fmt))
+    b = _pad_to(_pad_to(b, 1, _k_multiple(fmt)), 0, 16 // c_dtype.itemsize)
+    qa, sfa = quantize(a, fmt)
+    qb, sfb = quantize(b, fmt)
+    c, amax = gemm_amax(qa, qb, sfa, sfb, c_dtype=c_dtype, sf_vec_size=formats.get_format(fmt).sf_vec_size)
+    return c[:, :s], amax
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _mx_matmul(x, w, cfg: _Config):
+    return _nt_gemm(x, w.T, cfg.fmt, cfg.c_dtype)
+
+
+def _mx_matmul_fwd(x, w, cfg: _Config):
+    return _mx_matmul(x, w, cfg), (x, w)
+
+
+def _mx_matmul_bwd(cfg: _Config, residuals, cotangents):
+    x, w = residuals
+    dy, _ = cotangents  # amax is not differentiable: its cotangent is dropped
+    # dgrad: dX (M, in) = dY (M, out) · W (in, out)ᵀ, contraction over out.
+    dx, _ = _nt_gemm(dy, w, cfg.grad_fmt, np.float32)
+    # wgrad: dW (in, out) = Xᵀ (in, M) · dYᵀ (out, M)ᵀ, contraction over M.
+    dw, _ = _nt_gemm(x.T, dy.T, cfg.grad_fmt, np.float32)
+    return dx.astype(x.dtype), dw.astype(w.dtype)
+
+
+_mx_matmul.defvjp(_mx_matmul_fwd, _mx_matmul_bwd)
+
+
+_DIRECT_C_DTYPES = (np.dtype(np.float32), np.dtype(jnp.bfloat16), np.dtype(jnp.float16))
+
+
+def mx_matmul(x, w, *, fmt: str = "mxfp8_e4m3", grad_fmt: str = "mxfp8_e4m3", out_dtype=None):
+    """``y = x @ w`` with ``x (M, K)``, ``w (K, N)`` through :func:`gemm_amax`; returns ``(y, amax)``.
+
+    Forward: ``x`` quantized to ``fmt`` along K, ``w`` along K (its first axis), GEMM with fp32
+    accumulation, ``amax = max |x @ w|`` fused (on the fp32 accumulator, before rounding to
+    ``out_dtype``, default ``x.dtype`` if float32/bfloat16/float16, else float32).
+    Backward (``jax.custom_vjp``): the straight-through estimator, ``dX = dY·Wᵀ`` and
+    ``dW = Xᵀ·dY`` both through gemm_amax with operands quantized to ``grad_fmt`` along their
+    contraction axis (both operands of a backward GEMM use ``grad_fmt``: the kernel takes one
+    element dtype for A and B). Cotangents come back in ``x.dtype`` / ``w.dtype``; amax has none.
+    Any M, K, N >= 1 work: non-aligned sizes are zero-padded internally.
+    """
+    formats.get_format(fmt)
+    formats.get_format(grad_fmt)
+    x, w = jnp.asarray(x), jnp.asarray(w)
+    if x.ndim != 2 or w.ndim != 2 or x.shape[1] != w.shape[0]:
+        raise ValueError(f"mx_matmul: expected x (M, K) and w (K, N), got {x.shape} and {w.shape}")
+    out_dtype = np.dtype(out_dtype if out_dtype is not None else x.dtype)
+    c_dtype = out_dtype if out_dtype in _DIRECT_C_DTYPES else np.dtype(np.float32)
+    if 0 in x.shape or 0 in w.shape:  # nothing to multiply: an empty (or all-zero) product
+        return jnp.zeros((x.shape[0], w.shape[1]), out_dtype), jnp.zeros((), jnp.float32)
+    y, amax = _mx_matmul(x, w, _Config(fmt, grad_fmt, c_dtype))
+    return y.astype(out_dtype), jax.lax.stop_gradient(amax)
+
+
+# ----------------------------------------------------------------------------------------------
+# The layer.
+
+
+class MXLinear(nnx.Module):
+    """A linear layer, ``y = x @ kernel + bias``, whose GEMMs run through :func:`gemm_amax`.
+
+    Parameters are those of ``nnx.Linear`` (``kernel (in_features, out_features)``,
+    ``bias (out_features,)``, same initializers, same order of RNG draws), so the same seed gives
+    the same weights and ``nnx.state(..., nnx.Param)`` moves between the two layers unchanged.
+    Inputs have any leading shape ``(..., in_features)``; the leading dims flatten into the GEMM's M.
+    Any feature sizes work (non-aligned ones are zero-padded internally).
+
+    Forward: activations quantized to ``fmt`` along in_features, the kernel along its input axis,
+    one ``gemm_amax`` with fp32 accumulation, then the bias added in fp32 and the result rounded to
+    ``out_dtype`` (default: the input's dtype).
+
+    Backward (``jax.custom_vjp``): a **straight-through estimator** with respect to the
+    quantization (``quantize`` is treated as the identity). ``dX = dY·Wᵀ`` and ``dW = Xᵀ·dY``
+    both run through ``gemm_amax``, each operand re-quantized to ``grad_fmt`` along its
+    contraction axis (out_features for dgrad, the flattened batch for wgrad); both operands of a
+    backward GEMM use ``grad_fmt`` because the kernel takes one element dtype for A and B. The
+    bias gradient is the fp32 sum of dY. Gradients come back in the parameters' / input's dtypes.
+    The VJP saves ``x`` and the kernel in their own precision (what ``nnx.Linear`` saves) and
+    quantizes them for the backward GEMMs there. Every scale is computed just in time from the
+    tensor's own blocks (MX scaling), so no amax history feeds the layer's own quantization.
+
+    State: ``output_amax`` (:class:`OutputAmax`) holds ``max |y|`` of the latest call, on the fp32
+    output before rounding to out_dtype (the GEMM's fused amax when ``use_bias=False``; with a
+    bias, the max over ``x @ W + b``, reduced by XLA in the bias-add fusion); ``amax_history``
+    (:class:`AmaxHistory`) the last ``amax_history_length`` of them, newest first (``None`` when
+    the length is 0). They update on every forward call (eagerly, under ``nnx.jit``,
+    ``nnx.value_and_grad``, ...), never from inside the custom VJP, and carry no gradient.
+    ``update_amax=False`` freezes them; ``nnx.vmap`` with the layer broadcast (``in_axes=None``)
+    over a batch of inputs needs it (a per-example amax does not fit the shared state), while an
+    ``nnx.vmap`` ensemble of layers keeps one amax per member, and ``jax.vmap`` over
+    ``nnx.merge(graphdef, state)`` returns per-example state.
+
+    Args:
+      in_features, out_features: sizes of the last input / output axis.
+      use_bias: whether to add a bias.
+      fmt: forward quantization, one of ``jax_gemm_amax.FORMATS`` (``"mxfp8_e4m3"``,
+        ``"mxfp8_e5m2"``, ``"mxfp4"``, ``"nvfp4"``). NVFP4 here uses no per-tensor global scale.
+      grad_fmt: quantization of both operands of the dgrad and wgrad GEMMs (typically
+        ``"mxfp8_e4m3"`` or ``"mxfp8_e5m2"``).
+      out_dtype: output dtype; default the input's dtype.
+      param_dtype, kernel_init, bias_init, kernel_metadata, bias_metadata: as in ``nnx.Linear``
+        (the metadata carries e.g. sharding annotations).
+      amax_history_length: length of ``amax_history`` (0: keep none).
+      update_amax: whether forward calls update the amax state (also settable later as the
+        attribute ``update_amax``).
+      rngs: ``nnx.Rngs`` providing the ``params`` stream.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        use_bias: bool = True,
+        fmt: str = "mxfp8_e4m3",
+        grad_fmt: str = "mxfp8_e4m3",
+        out_dtype: Any = None,
+        param_dtype: Any = jnp.float32,
+        kernel_init=default_kernel_init,
+        bias_init=default_bias_init,
+        amax_history_length: int = 16,
+        update_amax: bool = True,
+        rngs: nnx.Rngs,
+        kernel_metadata: Mapping[str, Any] = MappingProxyType({}),
+        bias_metadata: Mapping[str, Any] = MappingProxyType({}),
+    ):
+        formats.get_format(fmt)  # ValueError naming the allowed formats
+        try:
+            formats.get_format(grad_fmt)
+        except ValueError as e:
+            raise ValueError(f"grad_fmt: {e}") from None
+        if int(in_features) < 1 or int(out_features) < 1:
+            raise ValueError(f"in_features and out_features must be >= 1, got {in_features}, {out_features}")
+        if int(amax_history_length) < 0:
+            raise ValueError(f"amax_history_length must be >= 0, got {amax_history_length}")
+
+        kernel_key = rngs.params()
+        self.kernel = nnx.Param(kernel_init(kernel_key, (in_features, out_features), param_dtype), **kernel_metadata)
+        self.bias: nnx.Param | None
+        if use_bias:
+            bias_key = rngs.params()
+            self.bias = nnx.Param(bias_init(bias_key, (out_features,), param_dtype), **bias_metadata)
+        else:
+            self.bias = nnx.data(None)
+        self.output_amax = OutputAmax(jnp.zeros((), jnp.float32))
+        self.amax_history: AmaxHistory | None
+        if amax_history_length:
+            self.amax_history = AmaxHistory(jnp.zeros((int(amax_history_length),), jnp.float32))
+        else:
+            self.amax_history = nnx.data(None)
+
+        self.in_features = int(in_features)
+        self.out_features = int(out_features)
+        self.use_bias = use_bias
+        self.fmt = fmt
+        self.grad_fmt = grad_fmt
+        self.out_dtype = out_dtype
+        self.param_dtype = param_dtype
+        self.amax_history_length = int(amax_history_length)
+        self.update_amax = bool(update_amax)
+
+    def __call__(self, inputs) -> jax.Array:
+        x = jnp.asarray(inputs)
+        if x.ndim < 1 or x.shape[-1] != self.in_features:
+            raise ValueError(f"MXLinear: inputs must be (..., {self.in_features}), got shape {x.shape}")
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            x = x.astype(self.param_dtype)
+        out_dtype = np.dtype(self.out_dtype if self.out_dtype is not None else x.dtype)
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features)
+        kernel = self.kernel[...]
+        if self.bias is None:
+            y, amax = mx_matmul(x2, kernel, fmt=self.fmt, grad_fmt=self.grad_fmt, out_dtype=out_dtype)
+        else:
+            y, _ = mx_matmul(x2, kernel, fmt=self.fmt, grad_fmt=self.grad_fmt, out_dtype=jnp.float32)
+            y = y + self.bias[...].astype(jnp.float32)  # d(bias) = fp32 sum of dY
+            amax = jax.lax.stop_gradient(jnp.max(jnp.abs(y), initial=0.0))
+            y = y.astype(out_dtype)
+        if self.update_amax:
+            self.output_amax[...] = amax
+            if self.amax_history is not None:
+                history = self.amax_history[...]
+                self.amax_history[...] = jnp.concatenate([amax[None].astype(history.dtype), history[:-1]])
+        return y.reshape(lead + (self.out_features,))

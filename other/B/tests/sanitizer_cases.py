@@ -1,0 +1,36 @@
+"""Small gemm_amax calls for `compute-sanitizer --tool memcheck` on a GPU: a partial-tile case
+(M, N not multiples of any tile, K' padded), batched cases, one with A and B pre-converted to BF16
+and one split-K plan with A pre-converted, each checked for correctness.
+Not a pytest module: run as `compute-sanitizer --tool memcheck python tests/sanitizer_cases.py`."""
+
+import os
+import sys
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+sys.path.insert(0, os.path.dirname(__file__))
+
+import jax  # noqa: E402
+import ml_dtypes  # noqa: E402
+import numpy as np  # noqa: E402
+
+import jax_gemm_amax as jga  # noqa: E402
+import npref  # noqa: E402
+
+rng = np.random.default_rng(7)
+cases = [
+    ("partial tiles e4m3 -> bf16", "e4m3", ml_dtypes.float8_e8m0fnu, 32, 200, 136, 320, 1, "bfloat16"),
+    ("batched nvfp4 -> packed fp4", "fp4", ml_dtypes.float8_e4m3fn, 16, 130, 96, 256, 3, "uint8"),
+    ("batched mxfp4 -> f32", "fp4", ml_dtypes.float8_e8m0fnu, 32, 72, 200, 512, 2, "float32"),
+    # M, N >= 4096 and (by the cost model, on a 132-SM H200) a tile-256 unsplit plan: the SM90 kernel
+    # converts A and B to BF16 in passes of their own first (K tail, partial tiles, M not a multiple of 8)
+    ("pre-converted A and B e4m3 -> bf16", "e4m3", ml_dtypes.float8_e8m0fnu, 32, 4100, 4104, 352, 1, "bfloat16"),
+    # few rows, many columns, long K: tile 256 split-K 2 ways, A pre-converted after the split-K area
+    ("split-K with pre-converted A mxfp4 -> f32", "fp4", ml_dtypes.float8_e8m0fnu, 32, 250, 6000, 8192, 1, "float32"),
+]
+for name, kind, sf, sfv, m, n, k, batch, c_dtype in cases:
+    p = npref.random_problem(rng, kind, sf, sfv, m, n, k, batch=batch)
+    c, amax = jga.gemm_amax(p.a, p.b, p.sfa, p.sfb, c_dtype=c_dtype, sf_vec_size=sfv)
+    ref, abssum, ref_amax = npref.gemm_amax_f64(p.a, p.b, p.sfa, p.sfb, sfv)
+    npref.assert_c_close(np.asarray(c), c_dtype, ref, abssum)
+    np.testing.assert_allclose(float(amax), ref_amax.max(), rtol=2e-5)
+    print(f"{name}: ok on {jax.devices()[0].device_kind}", flush=True)

@@ -1,0 +1,230 @@
+"""Properties of the compiled CUDA kernels that no numerical test can see, read from the SASS.
+
+sm_90a (Hopper): every GemmAmaxKernel must keep its WGMMAs asynchronous and use no local memory.
+ptxas silently serializes WGMMAs it cannot prove safe (info C7511 "insufficient register
+resources", C7517/C7518 "WG.DP in divergent path": a wait after every HGMMA), which halved the
+kernel's speed once; the results stay right, so only the SASS shows it.
+
+sm_100a (Blackwell): the kernels are compile-verified, no SM100 GPU runs in CI. These tests
+inspect the built extension instead: its fat binary must hold an sm_100a cubin whose
+SASS contains block-scaled tcgen05 MMAs (and, where the PTX is embedded, `tcgen05.mma ...
+block_scale`). The numerical tests in test_gemm_amax.py are the same on every GPU, so they run
+unchanged on a B200.
+
+SASS forms (nvcc 13.0 / cuobjdump 13.x), established by compiling each PTX form alone:
+  PTX tcgen05.mma.cta_group::1 ...                     SASS
+  kind::f16 (no scales)                                UTCHMMA    gdesc, gdesc, tmem, tmem, idesc, pred
+  kind::f8f6f4 (no scales)                             UTCQMMA    gdesc, gdesc, tmem, tmem, idesc, pred
+  kind::mxf8f6f4.block_scale (MXFP8)                   UTCQMMA    gdesc, gdesc, tmem, tmem, idesc, tmem, pred
+  kind::mxf4.block_scale.scale_vec::2X (MXFP4)         UTCOMMA    gdesc, gdesc, tmem, tmem, idesc, tmem, pred
+  kind::mxf4nvf4.block_scale.scale_vec::4X (sfv 16)    UTCOMMA.4X gdesc, gdesc, tmem, tmem, idesc, tmem, pred
+The block-scaled forms carry one more TMEM operand after the instruction descriptor (the scale
+factors of B; those of A are the second TMEM operand).
+
+Tools: `cuobjdump` and `nvdisasm` from PATH, $CUDA_HOME/bin, or the `nvidia-cuda-cuobjdump` and
+`nvidia-cuda-nvdisasm` wheels (test extra). JGA_SM100_BINARY=<file> inspects another binary
+(e.g. an object or static library of the sm100 kernels); JAX_GEMM_AMAX_REQUIRE_SM100=1 turns the
+"built without sm_100a" skip into a failure (for CI jobs that build the CUDA backend).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import re
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REQUIRE_SM100 = os.environ.get("JAX_GEMM_AMAX_REQUIRE_SM100") == "1"
+
+# One block-scaled UMMA: two smem descriptors, D and SFA in TMEM, the instruction descriptor,
+# then SFB in TMEM.
+_OPERAND = r"\s*{kind}\[[^\]]*\]"
+BLOCK_SCALED_MMA = re.compile(
+    r"\b(?P<op>UTC[QO]MMA(?:\.[0-9A-Z]+)*)\s+"
+    + r",".join(_OPERAND.format(kind=k) for k in ("gdesc", "gdesc", "tmem", "tmem", "idesc", "tmem"))
+)
+FUNCTION = re.compile(r"^\s*Function\s*:\s*(\S+)", re.MULTILINE)
+
+
+def _skip_or_fail(reason: str):
+    if REQUIRE_SM100:
+        pytest.fail(reason + " (JAX_GEMM_AMAX_REQUIRE_SM100=1)")
+    pytest.skip(reason)
+
+
+def _wheel_binary(dist: str, name: str) -> Path | None:
+    """`name` from the bin/ folder of an installed NVIDIA wheel (nvidia/cu13/bin or nvidia/*/bin)."""
+    try:
+        files = importlib.metadata.files(dist) or []
+        d = importlib.metadata.distribution(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for f in files:
+        if f.name == name and f.parent.name == "bin":
+            path = Path(d.locate_file(f))
+            if path.is_file():
+                return path
+    return None
+
+
+def _tool(name: str, dist: str, tmp_dir: Path) -> Path | None:
+    found = shutil.which(name)
+    if found:
+        return Path(found)
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if home and (Path(home) / "bin" / name).is_file():
+            return Path(home) / "bin" / name
+    path = _wheel_binary(dist, name)
+    if path is None:
+        return None
+    if not os.access(path, os.X_OK):  # some installers drop the executable bit
+        copy = tmp_dir / name
+        shutil.copy2(path, copy)
+        copy.chmod(copy.stat().st_mode | stat.S_IXUSR)
+        path = copy
+    return path
+
+
+@pytest.fixture(scope="module")
+def tools(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("cuda-tools")
+    cuobjdump = _tool("cuobjdump", "nvidia-cuda-cuobjdump", tmp)
+    nvdisasm = _tool("nvdisasm", "nvidia-cuda-nvdisasm", tmp)
+    if cuobjdump is None:
+        _skip_or_fail("cuobjdump not found: pip install nvidia-cuda-cuobjdump (or put the CUDA toolkit on PATH)")
+    env = dict(os.environ)
+    if nvdisasm is not None:  # cuobjdump -sass runs nvdisasm from PATH
+        env["PATH"] = str(nvdisasm.parent) + os.pathsep + env.get("PATH", "")
+    return cuobjdump, nvdisasm, env
+
+
+@pytest.fixture(scope="module")
+def binary() -> Path:
+    override = os.environ.get("JGA_SM100_BINARY")
+    if override:
+        return Path(override)
+    import jax_gemm_amax  # noqa: F401  (loads the extension the way users do)
+    from jax_gemm_amax import _ffi, _jax_gemm_amax
+
+    if not _ffi.BUILT_WITH_CUDA:
+        _skip_or_fail("jax_gemm_amax was built without the CUDA backend (no nvcc at build time)")
+    return Path(_jax_gemm_amax.__file__)
+
+
+def _run(cmd, env=None) -> str:
+    out = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=env, timeout=600)
+    if out.returncode != 0:
+        raise AssertionError(f"{' '.join(map(str, cmd))} failed ({out.returncode}):\n{out.stderr}{out.stdout}")
+    return out.stdout
+
+
+@pytest.fixture(scope="module")
+def sm100_elf(tools, binary) -> list[str]:
+    cuobjdump, _, env = tools
+    listing = _run([cuobjdump, "--list-elf", binary], env)
+    elves = [line.split(":", 1)[1].strip() for line in listing.splitlines() if "sm_100a" in line]
+    if not elves:
+        _skip_or_fail(f"{binary.name} holds no sm_100a cubin (built without 100a in JAX_GEMM_AMAX_CUDA_ARCHS?)")
+    return elves
+
+
+def test_sm100a_cubin_present(sm100_elf):
+    assert all(e.endswith(".cubin") for e in sm100_elf), sm100_elf
+
+
+def _sass_by_function(sass: str) -> dict[str, str]:
+    parts = FUNCTION.split(sass)
+    return {parts[i]: parts[i + 1] for i in range(1, len(parts) - 1, 2)}
+
+
+def test_sm100a_sass_has_block_scaled_tcgen05_mma(tools, binary, sm100_elf):
+    cuobjdump, nvdisasm, env = tools
+    if nvdisasm is None:
+        _skip_or_fail("nvdisasm not found (cuobjdump -sass needs it): pip install nvidia-cuda-nvdisasm")
+    sass = _run([cuobjdump, "-sass", "-arch", "sm_100a", binary], env)
+    functions = _sass_by_function(sass)
+    assert functions, "no SASS functions in the sm_100a cubin"
+
+    kernels: dict[str, set[str]] = {}
+    for name, body in functions.items():
+        ops = {m.group("op") for m in BLOCK_SCALED_MMA.finditer(body)}
+        if ops:
+            kernels[name] = ops
+    found = set().union(*kernels.values()) if kernels else set()
+    summary = {name[:80]: sorted(ops) for name, ops in kernels.items()}
+
+    # MXFP8 (e4m3/e5m2 x e8m0, sfv 32): kind::mxf8f6f4.block_scale
+    assert "UTCQMMA" in found, f"no block-scaled UTCQMMA (MXFP8) in the sm_100a SASS: {summary}"
+    # MXFP4 (e8m0, sfv 32): kind::mxf4.block_scale.scale_vec::2X
+    assert "UTCOMMA" in found, f"no block-scaled UTCOMMA (MXFP4, scale_vec::2X) in the sm_100a SASS: {summary}"
+    # NVFP4 (e4m3, sfv 16) and FP4 with e8m0/sfv 16: kind::mxf4nvf4.block_scale.scale_vec::4X
+    assert "UTCOMMA.4X" in found, f"no block-scaled UTCOMMA.4X (NVFP4, scale_vec::4X) in the sm_100a SASS: {summary}"
+    # One GEMM kernel per instantiated configuration (sm100_dispatch.cu lists six).
+    assert len(kernels) >= 6, f"expected >= 6 block-scaled GEMM kernels, found {len(kernels)}: {summary}"
+    # The scale factors reach tensor memory through tcgen05.cp (UTCCP) in every one of them.
+    for name in kernels:
+        assert "UTCCP" in functions[name], f"{name[:80]}: no UTCCP (scale-factor copy to TMEM)"
+
+
+def test_sm100a_kernels_do_not_spill(tools, binary, sm100_elf):
+    cuobjdump, _, env = tools
+    usage = _run([cuobjdump, "-res-usage", "-arch", "sm_100a", binary], env)
+    entries = re.findall(r"Function (\S+):\s*\n?\s*(REG:\d+ STACK:(\d+) SHARED:\d+ LOCAL:(\d+)[^\n]*)", usage)
+    gemm = [(name, line, int(stack), int(local)) for name, line, stack, local in entries if "GemmUniversal" in name]
+    assert gemm, f"no GemmUniversal kernels in the sm_100a resource usage:\n{usage[:2000]}"
+    for name, line, stack, local in gemm:
+        assert stack == 0 and local == 0, f"{name[:80]}: local memory use (spills): {line}"
+
+
+def test_sm100a_ptx_has_tcgen05_block_scale(tools, binary, sm100_elf):
+    cuobjdump, _, env = tools
+    listing = _run([cuobjdump, "--list-ptx", binary], env)
+    if "sm_100a" not in listing and "compute_100a" not in listing:
+        pytest.skip(f"{binary.name} embeds no compute_100a PTX (SASS only); the SASS test covers the kernels")
+    ptx = _run([cuobjdump, "-ptx", "-arch", "sm_100a", binary], env)
+    # PTX spells the scale-vector size either .scale_vec::NX or (newer ISA) .blockNN.
+    pattern = r"tcgen05\.mma\.cta_group::[12]\.kind::(\w+)\.block_scale(?:\.(scale_vec::\w+|block\d+))?"
+    kinds = set(re.findall(pattern, ptx))
+    assert any(k == "mxf8f6f4" for k, _ in kinds), f"no tcgen05.mma.kind::mxf8f6f4.block_scale in the PTX: {kinds}"
+    assert any(k == "mxf4" and v in ("", "scale_vec::2X", "block32") for k, v in kinds), f"no kind::mxf4 2X: {kinds}"
+    assert any(k == "mxf4nvf4" and v in ("scale_vec::4X", "block16") for k, v in kinds), f"no mxf4nvf4 4X: {kinds}"
+
+
+# ---------------------------------------------------------------------------------------------
+# sm_90a
+
+
+@pytest.fixture(scope="module")
+def sm90_kernels(tools, binary) -> dict[str, str]:
+    """SASS of each sm_90a GemmAmaxKernel instantiation (5 variants x (2 tile heights x split-K or not,
+    + tile 256 with pre-converted A, B or both, + tile 256 split-K with pre-converted A))."""
+    cuobjdump, nvdisasm, env = tools
+    listing = _run([cuobjdump, "--list-elf", binary], env)
+    if "sm_90a" not in listing:
+        _skip_or_fail(f"{binary.name} holds no sm_90a cubin (built without 90a in JAX_GEMM_AMAX_CUDA_ARCHS?)")
+    if nvdisasm is None:
+        _skip_or_fail("nvdisasm not found (cuobjdump -sass needs it): pip install nvidia-cuda-nvdisasm")
+    sass = _run([cuobjdump, "-sass", "-arch", "sm_90a", binary], env)
+    kernels = {name: body for name, body in _sass_by_function(sass).items() if "GemmAmaxKernel" in name}
+    assert len(kernels) == 40, f"expected 40 sm_90a GemmAmaxKernel instantiations, found {sorted(kernels)}"
+    return kernels
+
+
+def test_sm90a_wgmmas_are_pipelined(sm90_kernels):
+    for name, body in sm90_kernels.items():
+        hgmma = len(re.findall(r"\bHGMMA\.64x128x16\.F32\.BF16\b", body))
+        waits = len(re.findall(r"\bWARPGROUP\.DEPBAR\b", body))
+        assert hgmma >= 8, f"{name[:60]}: {hgmma} bf16 HGMMAs"
+        # Pipelined: one wait per group of 4 HGMMAs (plus the drain); serialized: one per HGMMA.
+        assert 2 * waits < hgmma, f"{name[:60]}: {waits} warpgroup waits for {hgmma} HGMMAs: serialized WGMMAs"
+
+
+def test_sm90a_kernels_use_no_local_memory(sm90_kernels):
+    for name, body in sm90_kernels.items():
+        spills = re.findall(r"\b(?:LDL|STL)(?:\.[0-9A-Z]+)*\b", body)
+        assert not spills, f"{name[:60]}: {len(spills)} local-memory instructions (register spills)"

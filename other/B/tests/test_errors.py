@@ -1,0 +1,137 @@
+"""Every bad input raises at trace time with a message naming the argument."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_gemm_amax as jga
+
+E8M0 = jnp.float8_e8m0fnu
+
+
+def spec(shape, dtype):
+    return jax.ShapeDtypeStruct(shape, dtype)
+
+
+def fp8_args(m=128, n=128, k=256, dtype=jnp.float8_e4m3fn, sf=E8M0, sfv=32, batch=None):
+    lead = () if batch is None else (batch,)
+    return (
+        spec(lead + (m, k), dtype),
+        spec(lead + (n, k), dtype),
+        spec(jga.scale_shape(m, k, sfv, batch), sf),
+        spec(jga.scale_shape(n, k, sfv, batch), sf),
+    )
+
+
+def fp4_args(m=128, n=128, k=256, sf=E8M0, sfv=32):
+    return (
+        spec((m, k // 2), jnp.uint8),
+        spec((n, k // 2), jnp.uint8),
+        spec(jga.scale_shape(m, k, sfv), sf),
+        spec(jga.scale_shape(n, k, sfv), sf),
+    )
+
+
+def trace(args, **kw):
+    return jax.eval_shape(lambda *x: jga.gemm_amax(*x, **kw), *args)
+
+
+def test_valid_specs_trace():
+    out = trace(fp8_args())
+    assert out.c.shape == (128, 128) and out.amax.shape == ()
+    out = trace(fp4_args(sf=jnp.float8_e4m3fn, sfv=16), sf_vec_size=16, c_dtype=jnp.uint8)
+    assert out.c.shape == (128, 64) and out.c.dtype == jnp.uint8
+
+
+@pytest.mark.parametrize(
+    "args,kw,exc,match",
+    [
+        (fp8_args(dtype=jnp.bfloat16), {}, TypeError, r"a: dtype must be one of"),
+        ((spec((128, 256), jnp.float8_e4m3fn), spec((128, 256), jnp.float8_e5m2)) + fp8_args()[2:], {}, TypeError, r"b: dtype must match a"),
+        ((spec((4, 128, 256), jnp.float8_e4m3fn),) + fp8_args()[1:], {}, ValueError, r"b: must have a's rank"),
+        ((spec((128,), jnp.float8_e4m3fn),) + fp8_args()[1:], {}, ValueError, r"a: must be \(M, K\)"),
+        ((spec((128, 256), jnp.float8_e4m3fn), spec((128, 288), jnp.float8_e4m3fn)) + fp8_args()[2:], {}, ValueError, r"b: K must match"),
+        (fp8_args(batch=2)[:1] + fp8_args(batch=3)[1:2] + fp8_args(batch=2)[2:], {}, ValueError, r"b: batch L must match"),
+        (fp8_args(sf=jnp.float16), {}, TypeError, r"sfa: dtype must be one of"),
+        (fp8_args()[:3] + (spec(jga.scale_shape(128, 256, 32), jnp.int8),), {}, TypeError, r"sfb: dtype must match sfa"),
+        (fp8_args(), {"sf_vec_size": 64}, ValueError, r"sf_vec_size must be one of"),
+        (fp8_args(), {"c_dtype": jnp.int32}, TypeError, r"c_dtype must be one of"),
+        (fp8_args(), {"c_dtype": "not-a-dtype"}, TypeError, r"c_dtype: 'not-a-dtype' is not a dtype"),
+        (fp8_args(), {"acc_dtype": jnp.float16}, NotImplementedError, r"acc_dtype: only float32"),
+        (fp8_args(), {"c_major": "k"}, ValueError, r"c_major must be 'n' or 'm'"),
+        (fp4_args(sf=jnp.float8_e4m3fn, sfv=32), {}, ValueError, r"float8_e4m3fn scales require sf_vec_size=16"),
+        (fp8_args(sfv=16), {"sf_vec_size": 16}, ValueError, r"fp8 a/b .* require sf_vec_size=32"),
+        (fp8_args(), {"c_dtype": jnp.float4_e2m1fn}, ValueError, r"fp4 c .* requires fp4 a/b"),
+        (fp8_args(), {"c_dtype": jnp.uint8}, ValueError, r"fp4 c .* requires fp4 a/b"),
+        (fp8_args(k=48, sfv=32), {}, ValueError, r"K \(48\) must be a multiple of sf_vec_size"),
+        (fp4_args(k=48, sfv=16, sf=jnp.float8_e4m3fn), {"sf_vec_size": 16}, ValueError, r"rows must be 16-byte aligned"),
+        (fp8_args(n=130), {}, ValueError, r"c_dtype: rows of c must be 16-byte aligned: N=130"),
+        (fp8_args(m=130), {"c_major": "m"}, ValueError, r"rows of c must be 16-byte aligned: M=130"),
+        (fp8_args(n=136), {"c_dtype": jnp.float8_e4m3fn}, ValueError, r"N=136 in float8_e4m3fn is not a multiple of 16"),
+        (fp8_args()[:2] + (spec((1, 3, 32, 4, 4), E8M0),) + fp8_args()[3:], {}, ValueError, r"sfa: expected the physical 128x4 layout \(1, 2, 32, 4, 4\) for M=128, K=256, sf_vec_size=32, got \(1, 3, 32, 4, 4\)"),
+        (fp8_args()[:3] + (spec((2, 2, 32, 4, 4), E8M0),), {}, ValueError, r"sfb: expected the physical"),
+        (fp8_args(m=0), {}, ValueError, r"at least 1"),
+        (fp8_args(), {"mma_tiler_mn": (256, 128)}, NotImplementedError, r"TILE_M = 256"),
+        (fp8_args(), {"mma_tiler_mn": (64, 128)}, ValueError, r"mma_tiler_mn: TILE_M must be one of"),
+        (fp8_args(), {"mma_tiler_mn": (128, 64)}, ValueError, r"mma_tiler_mn: TILE_N must be one of"),
+        (fp8_args(), {"mma_tiler_mn": 128}, ValueError, r"mma_tiler_mn must be a pair"),
+        (fp8_args(), {"cluster_shape_mn": (3, 1)}, ValueError, r"cluster_shape_mn: CLUSTER_M must be one of"),
+        (fp8_args(), {"cluster_shape_mn": (1, 8)}, ValueError, r"cluster_shape_mn: CLUSTER_N must be one of"),
+        (fp4_args(k=128), {"mma_tiler_mn": (128, 256)}, NotImplementedError, r"TILE_N = 256 requires K > 128"),
+        (fp4_args(sf=jnp.float8_e4m3fn, sfv=16), {"sf_vec_size": 16, "mma_tiler_mn": (128, 256)}, NotImplementedError, r"\(128, 256\) with sf_vec_size=16"),
+    ],
+)
+def test_bad_input_raises_at_trace_time(args, kw, exc, match):
+    with pytest.raises(exc, match=match):
+        trace(args, **kw)
+
+
+def test_logical_view_with_wrong_batch_for_2d_operand():
+    a, b, sfa, sfb = fp8_args()
+    logical = spec((32, 4, 1, 4, 2, 2), E8M0)  # L = 2 but a is 2-D
+    with pytest.raises(ValueError, match=r"has L=2, but the operand is 2-D"):
+        trace((a, b, logical, sfb))
+
+
+def test_seed_combination_that_we_support_fp8_in_fp8_out():
+    out = trace(fp8_args(), c_dtype=jnp.float8_e5m2)
+    assert out.c.dtype == jnp.float8_e5m2
+
+
+def test_torch_like_dtype_names_are_accepted():
+    class FakeTorchDtype:  # torch.bfloat16 prints as "torch.bfloat16"; we never import torch
+        __module__ = "torch"
+
+        def __str__(self):
+            return "torch.bfloat16"
+
+    out = trace(fp8_args(), c_dtype=FakeTorchDtype())
+    assert out.c.dtype == jnp.bfloat16
+    out = trace(fp8_args(), c_dtype="float16")
+    assert out.c.dtype == jnp.float16
+
+
+def test_primitive_rejects_a_malformed_direct_bind():
+    a, b, sfa, sfb = fp8_args(batch=1)
+    bad_sfb = spec((1, 3, 2, 32, 4, 4), E8M0)
+    with pytest.raises(ValueError, match=r"sfb: expected"):
+        jax.eval_shape(
+            lambda *x: jga.gemm_amax_p.bind(
+                *x, c_dtype=np.dtype(np.float32), sf_vec_size=32, tile_m=128, tile_n=128, cluster_m=1, cluster_n=1
+            ),
+            a, b, sfa, bad_sfb,
+        )
+
+
+def test_quantize_errors():
+    with pytest.raises(ValueError, match=r"fmt must be one of"):
+        jga.quantize(jnp.ones((4, 32)), "fp8")
+    with pytest.raises(ValueError, match=r"K=48 must be a multiple of 32"):
+        jga.quantize(jnp.ones((4, 48)), "mxfp8_e4m3")
+    with pytest.raises(TypeError, match=r"x: must be a floating array"):
+        jga.quantize(jnp.ones((4, 32), jnp.int32))
+    with pytest.raises(ValueError, match=r"x: must be \(rows, K\)"):
+        jga.quantize(jnp.ones((32,)))
+    with pytest.raises(ValueError, match=r"scales: expected shape"):
+        jga.dequantize(jnp.ones((4, 32), jnp.float8_e4m3fn), jnp.ones((1, 2, 32, 4, 4), E8M0))

@@ -1,0 +1,214 @@
+"""Sharded gemm_amax on a device mesh: (4, 2) over 8 virtual CPU devices in CI; whatever the
+default backend has elsewhere (one GPU: a (1, 1) mesh, where the rule must still lower and run)."""
+
+import functools
+import os
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import jax_gemm_amax as jga
+import npref
+
+E8M0 = ml_dtypes.float8_e8m0fnu
+
+
+def _mesh():
+    """(4, 2) on 8+ devices, (2, 1) on 2+, else (1, 1); JGA_TEST_MESH="1x2" asks for another shape
+    (on 2 GPUs, run once as 2x1 and once as 1x2 so that every dim is split over a real device)."""
+    devices = jax.devices()
+    shape = (4, 2) if len(devices) >= 8 else (2, 1) if len(devices) >= 2 else (1, 1)
+    if os.environ.get("JGA_TEST_MESH"):
+        shape = tuple(int(v) for v in os.environ["JGA_TEST_MESH"].split("x"))
+        assert len(shape) == 2 and shape[0] * shape[1] <= len(devices), (shape, len(devices))
+    return Mesh(np.array(devices[: shape[0] * shape[1]]).reshape(shape), ("x", "y"))
+
+
+MESH = _mesh()
+SX, SY = MESH.shape["x"], MESH.shape["y"]
+
+
+def _put(x, *spec):
+    return jax.device_put(x, NamedSharding(MESH, P(*spec)))
+
+
+def _scale_spec(l, rows, k):
+    return (l, rows, k, None, None, None)
+
+
+def _run(p, specs, c_dtype="float32", out_spec=None, scale_specs=None):
+    a_spec, b_spec = specs
+    sfa_spec, sfb_spec = scale_specs or (_scale_spec(*a_spec), _scale_spec(*b_spec))
+    args = (_put(p.a, *a_spec), _put(p.b, *b_spec), _put(p.sfa, *sfa_spec), _put(p.sfb, *sfb_spec))
+    f = lambda *x: jga.gemm_amax(*x, c_dtype=c_dtype, sf_vec_size=p.sfv)
+    kw = {}
+    if out_spec is not None:
+        kw["out_shardings"] = jga.GemmAmaxResult(NamedSharding(MESH, P(*out_spec)), NamedSharding(MESH, P()))
+    jitted = jax.jit(f, **kw)
+    result = jitted(*args)
+    hlo = jitted.lower(*args).compile().as_text()
+    return result, hlo
+
+
+def _unsharded(p, c_dtype="float32"):
+    with jax.default_device(jax.devices()[0]):
+        return jga.gemm_amax(p.a, p.b, p.sfa, p.sfb, c_dtype=c_dtype, sf_vec_size=p.sfv)
+
+
+def _custom_call_operand_shapes(hlo):
+    """Shapes of the operands of the FFI custom call in compiled HLO."""
+    calls = [line for line in hlo.splitlines() if "jax_gemm_amax_" in line and "custom-call" in line]
+    assert calls, "the gemm_amax custom call is missing from the compiled HLO"
+    return calls
+
+
+def _assert_same(result, ref, exact=True):
+    c, ref_c = np.asarray(result.c).astype(np.float32), np.asarray(ref.c).astype(np.float32)
+    if exact:
+        np.testing.assert_array_equal(c, ref_c)
+        assert float(result.amax) == float(ref.amax)
+    else:  # a K split sums partial products in another order: rounded C may move by one ulp
+        rtol = {np.dtype(np.float32): 1e-5, np.dtype(jnp.bfloat16): 2.0**-7}[np.dtype(ref.c.dtype)]
+        np.testing.assert_allclose(c, ref_c, rtol=rtol, atol=1e-4 * float(ref.amax))
+        np.testing.assert_allclose(float(result.amax), float(ref.amax), rtol=1e-5)
+
+
+@pytest.mark.parametrize("c_dtype", ["float32", "bfloat16"])
+def test_m_and_n_sharded_without_communication(rng, c_dtype):
+    p = npref.random_problem(rng, "e4m3", E8M0, 32, 128 * SX, 128 * SY, 256, batch=2)
+    result, hlo = _run(p, ((None, "x", None), (None, "y", None)), c_dtype)
+    _assert_same(result, _unsharded(p, c_dtype))
+    assert result.c.sharding.is_equivalent_to(NamedSharding(MESH, P(None, "x", "y")), 3), result.c.sharding
+    call = _custom_call_operand_shapes(hlo)[0]
+    assert "[2,128,256]" in call, call  # local M (and N) blocks only
+    assert "all-gather" not in hlo
+
+
+def test_batch_sharded(rng):
+    p = npref.random_problem(rng, "fp4", E8M0, 32, 200, 96, 256, batch=2 * SX)
+    result, hlo = _run(p, (("x", None, None), ("x", None, None)), "uint8")
+    _assert_same(result, _unsharded(p, "uint8"))
+    assert "[2,200,128]" in _custom_call_operand_shapes(hlo)[0]
+    assert "all-gather" not in hlo
+
+
+@pytest.mark.parametrize("c_dtype", ["float32", "bfloat16"])
+def test_k_sharded_amax_is_of_the_full_sum(rng, c_dtype):
+    p = npref.random_problem(rng, "e4m3", E8M0, 32, 128, 128, 128 * SX, batch=1)
+    # The second half of K negates the first: every shard's partial amax is large while the full
+    # sum cancels (to fp32 rounding of the partial sums).
+    half = p.a.shape[2] // 2
+    p.a[:, :, half:] = p.a[:, :, :half]
+    p.b[:, :, half:] = (-p.b[:, :, :half].astype(np.float32)).astype(p.b.dtype)
+    p.sfa.view(np.uint8)[:] = np.where(p.sfa.view(np.uint8) > 0, 127, 0)
+    p.sfb.view(np.uint8)[:] = np.where(p.sfb.view(np.uint8) > 0, 127, 0)
+    _, abssum, _ = npref.gemm_amax_f64(p.a, p.b, p.sfa, p.sfb, p.sfv)
+    partial_amax = np.max(abssum) / 2  # scale of one half's |sum|
+    result, hlo = _run(p, ((None, None, "x"), (None, None, "x")), c_dtype)
+    assert float(result.amax) < 1e-5 * partial_amax
+    np.testing.assert_allclose(np.asarray(result.c).astype(np.float32), 0.0, atol=1e-5 * partial_amax)
+    if SX > 1:
+        assert "all-reduce" in hlo and "all-gather" not in hlo
+        assert "[1,128,128]" in _custom_call_operand_shapes(hlo)[0]  # local K slice
+
+
+def test_k_sharded_with_m_sharded_output_reduce_scatters(rng):
+    p = npref.random_problem(rng, "e4m3", E8M0, 32, 128 * SX, 64, 128 * SX, batch=1)
+    result, hlo = _run(p, ((None, None, "x"), (None, None, "x")), "float32", out_spec=(None, "x", None))
+    _assert_same(result, _unsharded(p), exact=False)
+    if SX > 1:
+        assert "reduce-scatter" in hlo
+        assert "all-gather" not in hlo
+
+
+def test_mixed_batch_m_and_k(rng):
+    p = npref.random_problem(rng, "fp4", ml_dtypes.float8_e4m3fn, 16, 128 * SY, 96, 64 * SX, batch=2)
+    result, _ = _run(p, ((None, "y", "x"), (None, None, "x")), "bfloat16")
+    _assert_same(result, _unsharded(p, "bfloat16"), exact=False)
+
+
+def test_unaligned_m_is_replicated_not_split_inside_a_scale_block(rng):
+    # M = 200 cannot split on 128-row scale blocks: the rule must keep it whole, still correct.
+    p = npref.random_problem(rng, "e5m2", E8M0, 32, 200, 64, 256)
+    result, _ = _run(p, ((None, "x", None), (None, None, None)), "float32", scale_specs=((), ()))
+    _assert_same(result, _unsharded(p))
+
+
+def test_shard_map_with_user_pmax(rng):
+    p = npref.random_problem(rng, "e4m3", E8M0, 32, 128 * SX, 64, 128, batch=1)
+
+    @functools.partial(
+        jax.shard_map,
+        mesh=MESH,
+        in_specs=(P(None, "x"), P(), P(None, "x"), P()),
+        out_specs=(P(None, "x"), P()),
+    )
+    def local(a, b, sfa, sfb):
+        c, amax = jga.gemm_amax(a, b, sfa, sfb)
+        return c, jax.lax.pmax(amax, "x")
+
+    c, amax = jax.jit(local)(p.a, p.b, p.sfa, p.sfb)
+    ref = _unsharded(p)
+    np.testing.assert_array_equal(np.asarray(c), np.asarray(ref.c))
+    assert float(amax) == float(ref.amax)
+
+
+def test_vmap_over_a_sharded_call(rng):
+    ps = [npref.random_problem(rng, "e4m3", E8M0, 32, 128 * SX, 64, 128) for _ in range(2)]
+    a = _put(np.stack([p.a[0] for p in ps]), None, "x", None)
+    b = np.stack([p.b[0] for p in ps])
+    sfa = _put(np.stack([p.sfa[0] for p in ps]), None, "x", None, None, None, None)
+    sfb = np.stack([p.sfb[0] for p in ps])
+    c, amax = jax.jit(jax.vmap(jga.gemm_amax))(a, b, sfa, sfb)
+    for i, p in enumerate(ps):
+        ref = _unsharded(p)
+        np.testing.assert_array_equal(np.asarray(c[i]), np.asarray(ref.c)[0] if ref.c.ndim == 3 else np.asarray(ref.c))
+        assert float(amax[i]) == float(ref.amax)
+
+
+# ---------------------------------------------------------------------------------------------
+# Explicit sharding (sharding in types): the library's own reshapes must not trip over it.
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "nvfp4"])
+@pytest.mark.parametrize("spec", [("x", "y"), ("x", None), (None, "y")], ids=["rows+K", "rows", "K"])
+def test_explicit_mesh_quantize_gemm_dequantize(rng, fmt, spec):
+    """quantize -> gemm_amax -> dequantize on arrays sharded over an ``AxisType.Explicit`` mesh give
+    the unsharded results. 256 rows over 4 shards is 64 rows each: the 128-row scale blocks straddle
+    shards, so the scale layout has to gather (reshape alone is refused under explicit sharding)."""
+    axis_type = getattr(jax.sharding, "AxisType", None)
+    if axis_type is None or not hasattr(jax, "set_mesh"):
+        pytest.skip("this jax has no explicit sharding")
+    mesh = jax.make_mesh((SX, SY), ("x", "y"), axis_types=(axis_type.Explicit, axis_type.Explicit))
+    sfv = 16 if fmt == "nvfp4" else 32
+    xa = rng.normal(size=(256, 512)).astype(np.float32)
+    xb = rng.normal(size=(384, 512)).astype(np.float32)
+    with jax.default_device(jax.devices()[0]):
+        ref_qa, ref_sa = jga.quantize(xa, fmt)
+        ref_qb, ref_sb = jga.quantize(xb, fmt)
+        ref_c, ref_amax = jga.gemm_amax(ref_qa, ref_qb, ref_sa, ref_sb, c_dtype=jnp.float32, sf_vec_size=sfv)
+        ref_da = jga.dequantize(ref_qa, ref_sa, sfv)
+
+    def as_bytes(x):
+        return np.asarray(x).view(np.uint8)
+
+    with jax.set_mesh(mesh):
+        a = jax.device_put(xa, NamedSharding(mesh, P(*spec)))
+        b = jax.device_put(xb, NamedSharding(mesh, P(*spec)))
+        quantize = jax.jit(lambda x: jga.quantize(x, fmt))
+        qa, sa = quantize(a)
+        qb, sb = quantize(b)
+        da = jax.jit(lambda q, s: jga.dequantize(q, s, sfv))(qa, sa)
+        c, amax = jax.jit(lambda *x: jga.gemm_amax(*x, c_dtype=jnp.float32, sf_vec_size=sfv))(qa, qb, sa, sb)
+    assert qa.sharding.spec == P(*spec)  # the data stays sharded
+    np.testing.assert_array_equal(as_bytes(qa), as_bytes(ref_qa))
+    np.testing.assert_array_equal(as_bytes(sa), as_bytes(ref_sa))
+    np.testing.assert_array_equal(np.asarray(da), np.asarray(ref_da))
+    # K-sharded runs sum the partial products in another order.
+    np.testing.assert_allclose(np.asarray(c), np.asarray(ref_c), rtol=1e-5, atol=1e-4 * float(ref_amax))
+    assert abs(float(amax) - float(ref_amax)) <= 1e-5 * float(ref_amax)

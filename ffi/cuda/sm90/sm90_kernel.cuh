@@ -723,44 +723,49 @@ __device__ __forceinline__ void WaitForPartials(const KParams& p, const WorkUnit
   } while (!__all_sync(0xFFFFFFFFu, seen >= need));
 }
 // Whether any valid e8m0 scale byte of the operands lies outside [kSafeLo, kSafeHi] (NaN, 0xFF,
-// is not: the conversion carries it). One warp scans this CTA's share of the 512-byte scale blocks
-// of A and B (block v of A's, then B's, for v = blockIdx.x, + gridDim.x, ...), lane j the 16 bytes
-// of row r % 32 == j: rows r + 32q (q = byte / 4), groups 4kb + byte % 4. Padding is not read as
-// scales. A few blocks per CTA on large problems, well inside the first tile's main loop.
+// is not: the conversion carries it). The CTA's two idle producer warps (part 0, 1) scan its share
+// of the 512-byte scale blocks of A and B (block v of A's, then B's, for v = blockIdx.x + gridDim.x
+// * (part + 2i)), two blocks in flight per warp; lane j reads the 16 bytes of row r % 32 == j:
+// rows r + 32q (q = byte / 4), groups 4kb + byte % 4. Padding is not read as scales. Large problems
+// give a CTA a few dozen blocks, scanned well inside its first unit's main loop.
 template <int V>
-__device__ __forceinline__ bool ScanForUnsafeScales(const KParams& p, int lane) {
+__device__ __forceinline__ bool UnsafeScalesInBlock(const KParams& p, int v, int lane) {
   using Tr = VariantTraits<V>;
-  if constexpr (Tr::kScaleE4M3) {
+  const int blocks_a = p.row_blocks_a * p.k_blocks, blocks_b = p.row_blocks_b * p.k_blocks;
+  const bool is_a = v < blocks_a * p.l;
+  const int w = is_a ? v : v - blocks_a * p.l;
+  const int per_batch = is_a ? blocks_a : blocks_b;
+  const int l = w / per_batch, rem = w - l * per_batch;
+  const int rb = rem / p.k_blocks, kb = rem - rb * p.k_blocks;
+  const uint8_t* blk = (is_a ? p.sfa + l * p.sfa_batch_stride : p.sfb + l * p.sfb_batch_stride) +
+                       static_cast<long long>(rem) * 512;
+  const uint4 q = __ldg(reinterpret_cast<const uint4*>(blk) + lane);
+  const uint32_t words[4] = {q.x, q.y, q.z, q.w};
+  const int rows = is_a ? p.m : p.n;
+  bool unsafe = false;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    const uint32_t byte = (words[i >> 2] >> (8 * (i & 3))) & 0xFFu;
+    unsafe |= rb * 128 + 32 * (i >> 2) + lane < rows && kb * 4 + (i & 3) < p.k_groups && byte != 0xFFu &&
+              (byte < static_cast<uint32_t>(Tr::kSafeLo) || byte > static_cast<uint32_t>(Tr::kSafeHi));
+  }
+  return unsafe;
+}
+template <int V>
+__device__ __forceinline__ bool ScanForUnsafeScales(const KParams& p, int part, int lane) {
+  if constexpr (VariantTraits<V>::kScaleE4M3) {
     return false;  // e4m3 scales times e2m1 codes always fit BF16
   } else {
-    const long long blocks_a = static_cast<long long>(p.row_blocks_a) * p.k_blocks;
-    const long long blocks_b = static_cast<long long>(p.row_blocks_b) * p.k_blocks;
-    const long long total = (blocks_a + blocks_b) * p.l;
+    const int total = (p.row_blocks_a + p.row_blocks_b) * p.k_blocks * p.l;
+    const int stride = 2 * gridDim.x;
     bool unsafe = false;
-#pragma unroll 1
-    for (long long v = blockIdx.x; v < total; v += gridDim.x) {
-      const bool is_a = v < blocks_a * p.l;
-      const long long w = is_a ? v : v - blocks_a * p.l;
-      const long long per_batch = is_a ? blocks_a : blocks_b;
-      const int l = static_cast<int>(w / per_batch);
-      const int rem = static_cast<int>(w - l * per_batch);
-      const int rb = rem / p.k_blocks, kb = rem - rb * p.k_blocks;
-      const uint8_t* blk = (is_a ? p.sfa + l * p.sfa_batch_stride : p.sfb + l * p.sfb_batch_stride) +
-                           (static_cast<long long>(rb) * p.k_blocks + kb) * 512;
-      const uint4 q = __ldg(reinterpret_cast<const uint4*>(blk) + lane);
-      const uint32_t words[4] = {q.x, q.y, q.z, q.w};
-      const int rows = is_a ? p.m : p.n;
-#pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        const int row = rb * 128 + 32 * (i >> 2) + lane, group = kb * 4 + (i & 3);
-        const uint32_t byte = (words[i >> 2] >> (8 * (i & 3))) & 0xFFu;
-        unsafe |= row < rows && group < p.k_groups && byte != 0xFFu &&
-                  (byte < static_cast<uint32_t>(Tr::kSafeLo) || byte > static_cast<uint32_t>(Tr::kSafeHi));
-      }
-    }
+#pragma unroll 2
+    for (int v = blockIdx.x + part * gridDim.x; v < total; v += stride) unsafe |= UnsafeScalesInBlock<V>(p, v, lane);
     return __any_sync(0xFFFFFFFFu, unsafe);
   }
 }
+// The two scanning warps (ids 2 and 3) meet at named barrier 2 (0 is __syncthreads, 1 the consumers').
+__device__ __forceinline__ void ScanBarrier() { asm volatile("bar.sync 2, 64;" ::: "memory"); }
 
 // The launch's zeroing of amax and the split-K counters, ordered before every CTA's first atomic
 // without a kernel before this one. p.reset_word is a grid barrier word as cooperative groups keep
@@ -780,7 +785,10 @@ __device__ __forceinline__ void ResetRound(const KParams& p, uint32_t bar_reset,
     MbarArriveIf(bar_reset, lane == 0);
     return;
   }
-  const bool unsafe = ScanForUnsafeScales<V>(p, lane);
+  // Warp 3 has left its half of the scan at exact_flag.
+  bool unsafe = ScanForUnsafeScales<V>(p, 0, lane);
+  ScanBarrier();
+  unsafe |= Lds32(exact_flag) != 0u;
   if (blockIdx.x == 0) {
     if ((p.flags & kFlagNoAmax) == 0)
       for (int i = lane; i < p.l; i += 32) p.amax[i] = 0.0f;
@@ -1504,6 +1512,10 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
       tr.Flush(p.trace, lane0);
     } else if (warp_idx == 2) {  // a warp that issues no copies
       ResetRound<V>(p, bar_reset, bar_exact, lane);
+    } else if (p.reset_word != nullptr) {  // warp 3: the other half of ResetRound's scale scan
+      const bool unsafe = ScanForUnsafeScales<V>(p, 1, lane);
+      if (lane == 0) asm volatile("st.shared.u32 [%0], %1;" ::"r"(bar_exact), "r"(unsafe ? 1u : 0u) : "memory");
+      ScanBarrier();
     }
   } else if (warp_idx < R::kFirstConsumerWarp) {
     // ======================= WG1 (and WG2 at MI = 1): B converters =======================

@@ -1512,7 +1512,7 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
       tr.Flush(p.trace, lane0);
     } else if (warp_idx == 2) {  // a warp that issues no copies
       ResetRound<V>(p, bar_reset, bar_exact, lane);
-    } else if (p.reset_word != nullptr) {  // warp 3: the other half of ResetRound's scale scan
+    } else if (warp_idx == 3 && p.reset_word != nullptr) {  // the other half of ResetRound's scale scan
       const bool unsafe = ScanForUnsafeScales<V>(p, 1, lane);
       if (lane == 0) asm volatile("st.shared.u32 [%0], %1;" ::"r"(bar_exact), "r"(unsafe ? 1u : 0u) : "memory");
       ScanBarrier();

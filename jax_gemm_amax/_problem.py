@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import operator
 from typing import Any
 
 import jax.numpy as jnp
@@ -73,8 +74,58 @@ def is_fp4(dtype: np.dtype) -> bool:
     return dtype in (FP4_OPERAND, PACKED_FP4)
 
 
+def check_dtype(x, allowed, argname: str) -> np.dtype:
+    """``x.dtype`` if it is one of ``allowed``, else a TypeError naming ``argname``."""
+    dtype = np.dtype(x.dtype)
+    if dtype not in allowed:
+        raise TypeError(f"{argname}: dtype must be one of {_names(allowed)}, got {dtype.name}")
+    return dtype
+
+
+def check_int(value, argname: str, minimum: int | None = None) -> int:
+    """``value`` as a Python int. Python and numpy integers pass; floats, bools and anything else
+    raise TypeError rather than being truncated."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{argname} must be an int, got {value!r}")
+    try:
+        result = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{argname} must be an int, got {value!r} ({type(value).__name__})") from None
+    if minimum is not None and result < minimum:
+        raise ValueError(f"{argname} must be at least {minimum}, got {result}")
+    return result
+
+
+def check_int_pair(value, argname: str) -> tuple[int, int]:
+    try:
+        items = tuple(value)
+    except TypeError:
+        items = ()
+    if len(items) != 2:
+        raise ValueError(f"{argname} must be a pair of ints, got {value!r}")
+    return check_int(items[0], f"{argname}[0]"), check_int(items[1], f"{argname}[1]")
+
+
+def check_sf_vec_size(sf_vec_size) -> int:
+    result = check_int(sf_vec_size, "sf_vec_size")
+    if result not in SF_VEC_SIZES:
+        raise ValueError(f"sf_vec_size must be one of {SF_VEC_SIZES}, got {result}")
+    return result
+
+
+def check_c_major(c_major) -> str:
+    if not isinstance(c_major, str) or c_major not in ("n", "m"):
+        raise ValueError(f"c_major must be 'n' or 'm', got {c_major!r}")
+    return str(c_major)
+
+
 def scale_shape(rows: int, k: int, sf_vec_size: int, batch: int | None = None) -> tuple[int, ...]:
     """Physical 128x4 scale shape (L, ceil(rows/128), ceil(K/(4*sfv)), 32, 4, 4)."""
+    rows = check_int(rows, "rows", minimum=0)
+    k = check_int(k, "k", minimum=0)
+    sf_vec_size = check_sf_vec_size(sf_vec_size)
+    if batch is not None:
+        batch = check_int(batch, "batch", minimum=0)
     groups = k // sf_vec_size
     shape = (
         math.ceil(rows / SCALE_ROWS_PER_BLOCK),
@@ -102,14 +153,8 @@ class Problem:
 
 
 def _check_seed_tuning(mma_tiler_mn, cluster_shape_mn, problem: Problem) -> tuple[tuple[int, int], tuple[int, int]]:
-    try:
-        tile_m, tile_n = (int(v) for v in mma_tiler_mn)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"mma_tiler_mn must be a pair of ints, got {mma_tiler_mn!r}") from e
-    try:
-        cluster_m, cluster_n = (int(v) for v in cluster_shape_mn)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"cluster_shape_mn must be a pair of ints, got {cluster_shape_mn!r}") from e
+    tile_m, tile_n = check_int_pair(mma_tiler_mn, "mma_tiler_mn")
+    cluster_m, cluster_n = check_int_pair(cluster_shape_mn, "cluster_shape_mn")
     if tile_m in TILE_M_NOT_BUILT:
         raise NotImplementedError(f"mma_tiler_mn: TILE_M = {tile_m} (2-SM tiles) is not built; use TILE_M = 128")
     if tile_m not in TILE_M_VALUES:
@@ -135,9 +180,7 @@ def check_problem(
 ) -> tuple[Problem, tuple[int, int], tuple[int, int]]:
     """Validates a gemm_amax call. ``a``..``sfb`` are anything with ``.shape`` and ``.dtype``;
     the scales must already be in the physical layout (see ``layout.as_physical``)."""
-    ab_dtype = np.dtype(a.dtype)
-    if ab_dtype not in OPERAND_DTYPES:
-        raise TypeError(f"a: dtype must be one of {_names(OPERAND_DTYPES)}, got {ab_dtype.name}")
+    ab_dtype = check_dtype(a, OPERAND_DTYPES, "a")
     if np.dtype(b.dtype) != ab_dtype:
         raise TypeError(f"b: dtype must match a ({ab_dtype.name}), got {np.dtype(b.dtype).name}")
     if a.ndim not in (2, 3):
@@ -154,21 +197,17 @@ def check_problem(
     if min(m, n, k) < 1 or (batch is not None and batch < 1):
         raise ValueError(f"a, b: L, M, N and K must be at least 1 (a {tuple(a.shape)}, b {tuple(b.shape)})")
 
-    sf_dtype = np.dtype(sfa.dtype)
-    if sf_dtype not in SCALE_DTYPES:
-        raise TypeError(f"sfa: dtype must be one of {_names(SCALE_DTYPES)}, got {sf_dtype.name}")
+    sf_dtype = check_dtype(sfa, SCALE_DTYPES, "sfa")
     if np.dtype(sfb.dtype) != sf_dtype:
         raise TypeError(f"sfb: dtype must match sfa ({sf_dtype.name}), got {np.dtype(sfb.dtype).name}")
-    if sf_vec_size not in SF_VEC_SIZES:
-        raise ValueError(f"sf_vec_size must be one of {SF_VEC_SIZES}, got {sf_vec_size!r}")
+    sf_vec_size = check_sf_vec_size(sf_vec_size)
     c_dtype = canonical_dtype(c_dtype, "c_dtype")
     if c_dtype not in C_DTYPES:
         raise TypeError(f"c_dtype must be one of {_names(C_DTYPES)}, got {c_dtype.name}")
     acc = canonical_dtype(acc_dtype, "acc_dtype")
     if acc != np.dtype(np.float32):
         raise NotImplementedError(f"acc_dtype: only float32 accumulation is supported, got {acc.name}")
-    if c_major not in ("n", "m"):
-        raise ValueError(f"c_major must be 'n' or 'm', got {c_major!r}")
+    check_c_major(c_major)
 
     fp4 = is_fp4(ab_dtype)
     if sf_dtype == E4M3 and sf_vec_size != 16:

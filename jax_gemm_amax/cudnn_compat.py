@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import operator
 import sys
 from typing import Any
 
@@ -36,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._problem import FP4_OPERAND, PACKED_FP4, canonical_dtype
+from ._problem import FP4_OPERAND, PACKED_FP4, canonical_dtype, check_c_major, check_int_pair, check_sf_vec_size
 from .layout import PHYSICAL_FROM_LOGICAL, is_logical_shape
 from .ops import GemmAmaxResult, gemm_amax
 
@@ -183,15 +184,6 @@ def _scales(x, name: str) -> _Operand:
     return _Operand(_from_torch(x, name), None, seed_shape, str(x.dtype), "-")
 
 
-def _hashable(value):
-    try:
-        value = tuple(value)
-    except TypeError:
-        pass
-    hash(value)
-    return value
-
-
 # --------------------------------------------------------------------------------------------
 # The computation: one jittable function, parameterized by static layout choices.
 
@@ -219,7 +211,9 @@ _core_jit = jax.jit(
 
 
 def _static(c_dtype, c_major, acc_dtype, mma_tiler_mn, cluster_shape_mn, sf_vec_size) -> dict:
-    """Hashable keyword arguments for ``_core``; raises the library's errors for bad dtypes."""
+    """Hashable keyword arguments for ``_core``, validated before they reach ``jax.jit`` (which
+    would reject unhashable values with its own message) by the library's own checks."""
+    c_major = check_c_major(c_major)
     c = _dtype(c_dtype, "c_dtype")
     if c_major == "m" and c == PACKED_FP4:
         raise ValueError(
@@ -227,8 +221,9 @@ def _static(c_dtype, c_major, acc_dtype, mma_tiler_mn, cluster_shape_mn, sf_vec_
         )
     return dict(
         c_dtype=c, c_major=c_major, acc_dtype=_dtype(acc_dtype, "acc_dtype"),
-        mma_tiler_mn=_hashable(mma_tiler_mn), cluster_shape_mn=_hashable(cluster_shape_mn),
-        sf_vec_size=sf_vec_size,
+        mma_tiler_mn=check_int_pair(mma_tiler_mn, "mma_tiler_mn"),
+        cluster_shape_mn=check_int_pair(cluster_shape_mn, "cluster_shape_mn"),
+        sf_vec_size=check_sf_vec_size(sf_vec_size),
     )
 
 
@@ -241,27 +236,41 @@ def _seed_c_shape(call_c_shape, c_major: str) -> tuple[int, ...]:
 # Streams and torch outputs
 
 
-def _check_stream(stream, argname: str, torch_tensor):
-    """``None`` always works: torch tensors are exchanged through DLPack on torch's current
-    stream, JAX arrays stay on XLA's stream. An explicit stream is accepted when it is torch's
-    current stream for a CUDA tensor; anything else is rejected."""
-    if stream is None:
-        return
-    if torch_tensor is None:
-        raise NotImplementedError(
-            f"{argname}: JAX arrays run on XLA's own stream, ordered with the surrounding JAX work; "
-            f"pass {argname}=None"
-        )
-    torch = _torch()
-    device = torch_tensor.device
-    if device.type != "cuda":
-        raise ValueError(f"{argname}: tensors on {device} have no CUDA stream; pass {argname}=None")
+def _stream_handle(stream, argname: str) -> int:
+    """The CUDA handle of a torch.cuda.Stream (``cuda_stream``), of a cuda-python ``CUstream``
+    (``int()``; its ``getPtr()`` is the address of the Python object's storage, not the handle) or
+    of an int."""
     try:
-        handle = int(stream.cuda_stream) if hasattr(stream, "cuda_stream") else int(stream)
+        if hasattr(stream, "cuda_stream"):
+            return int(stream.cuda_stream)
+        return int(stream) if hasattr(stream, "getPtr") else operator.index(stream)
     except (TypeError, ValueError) as e:
         raise TypeError(
             f"{argname}: expected a torch.cuda.Stream or a CUDA stream handle (CUstream / int), got {stream!r}"
         ) from e
+
+
+def _check_stream(stream, argname: str, torch_tensor):
+    """``None`` always works: torch tensors are exchanged through DLPack on torch's current
+    stream, JAX arrays stay on XLA's stream. With JAX arrays the default stream (handle 0, such as
+    ``cuda.CUstream(0)``, which cuDNN's JAX samples pass) means the same as ``None``. With torch
+    tensors an explicit stream is accepted when it is torch's current stream for a CUDA tensor.
+    Anything else is rejected."""
+    if stream is None:
+        return
+    if torch_tensor is None:
+        handle = _stream_handle(stream, argname)
+        if handle != 0:
+            raise NotImplementedError(
+                f"{argname}: JAX arrays run on XLA's own stream, ordered with the surrounding JAX work; "
+                f"pass {argname}=None or the default stream (0, cuda.CUstream(0)), got handle {handle:#x}"
+            )
+        return
+    torch = _torch()
+    device = torch_tensor.device
+    if device.type != "cuda":
+        raise ValueError(f"{argname}: tensors on {device} have no CUDA stream; pass {argname}=None")
+    handle = _stream_handle(stream, argname)
     current = torch.cuda.current_stream(device).cuda_stream
     if handle != current:
         raise NotImplementedError(
@@ -372,7 +381,8 @@ def gemm_amax_wrapper_sm100(
       current stream is the same; other streams raise ``NotImplementedError``.
     * JAX / numpy inputs: JAX outputs, ``c`` C-contiguous ``(M, N, L)`` for either ``c_major``.
       Unlike cuDNN's eager wrapper, this one is functional: safe under ``jax.jit`` and ordered by
-      XLA (no synchronization needed); ``stream`` must be ``None``.
+      XLA (no synchronization needed); ``stream`` must be ``None`` or the default stream (``0``,
+      ``cuda.CUstream(0)``), which means the same.
     """
     torch_tensor = _first_torch(a_tensor, b_tensor, sfa_tensor, sfb_tensor)
     _check_stream(stream, "stream", torch_tensor)
@@ -402,10 +412,16 @@ class GemmAmaxSm100:
       ``True`` or raises its errors (no GPU needed).
     * :meth:`compile` builds the XLA executable for the sample shapes (ahead of time) and caches
       it; :meth:`execute` with other shapes, dtypes or layouts raises ``ValueError``.
-    * :meth:`execute` with torch ``c_tensor`` / ``amax_tensor`` writes into them, as cuDNN does
-      (the result is computed in a JAX buffer and copied in). JAX arrays are immutable, so with JAX
-      outputs it *returns* new arrays; ``c_tensor`` / ``amax_tensor`` are then only checked (and
-      may be ``None``). Either way it returns ``TupleDict(c_tensor=..., amax_tensor=...)``.
+    * :meth:`execute` returns ``TupleDict(c_tensor=..., amax_tensor=...)``. With torch samples it
+      writes into the torch ``c_tensor`` / ``amax_tensor`` given, as cuDNN does (the result is
+      computed in a JAX buffer and copied in), and returns them. With JAX samples it returns new
+      JAX arrays and takes no output buffers: JAX arrays are immutable and writing into one behind
+      JAX's back is not safe, so a ``c_tensor`` or ``amax_tensor`` other than ``None`` raises
+      ``TypeError`` rather than being left unwritten. Code ported from cuDNN's JAX usage, which
+      passes ``c`` and ``amax`` and then reads them, reads the result instead:
+      ``c, amax = op.execute(a, b, sfa, sfb)``.
+    * ``current_stream``: as ``stream`` in :func:`gemm_amax_wrapper_sm100` (with JAX arrays
+      ``None`` or the default stream, ``0`` / ``cuda.CUstream(0)``).
     """
 
     def __init__(
@@ -498,6 +514,18 @@ class GemmAmaxSm100:
                 current_stream=None) -> TupleDict:
         if self._compiled is None:
             raise RuntimeError("GemmAmaxSm100: kernel not compiled; call compile() first")
+        for name, x, (shape, dtype) in (("c_tensor", c_tensor, self._c_spec), ("amax_tensor", amax_tensor, self._amax_spec)):
+            if not self._torch_out:
+                if x is not None:
+                    raise TypeError(
+                        f"{name}: with JAX samples, execute returns its outputs and writes into no buffer "
+                        f"(JAX arrays are immutable), so {name} must be None, got {type(x).__name__}; "
+                        f"read the result instead: c, amax = op.execute(a, b, sfa, sfb)"
+                    )
+            elif not _is_torch(x):
+                raise TypeError(f"{name}: expected a torch tensor like the sample, got {type(x).__name__}")
+            elif (tuple(x.shape), str(x.dtype)) != (shape, dtype):
+                raise ValueError(f"{name}: expected {shape} {dtype} like the sample, got {tuple(x.shape)} {x.dtype}")
         _check_stream(current_stream, "current_stream",
                       _first_torch(c_tensor, amax_tensor, a_tensor, b_tensor, sfa_tensor, sfb_tensor))
         ops = self._inputs(a_tensor, b_tensor, sfa_tensor, sfb_tensor, "")
@@ -508,14 +536,6 @@ class GemmAmaxSm100:
                     f"{name}: got shape {op.seed_shape} {op.dtype} (major {op.major!r}), but this GemmAmaxSm100 "
                     f"was compiled for {shape} {dtype} (major {major!r}); build another one for it"
                 )
-        for name, x, (shape, dtype) in (("c_tensor", c_tensor, self._c_spec), ("amax_tensor", amax_tensor, self._amax_spec)):
-            if x is None and not self._torch_out:
-                continue
-            if x is None or _is_torch(x) != self._torch_out:
-                kind = "a torch tensor" if self._torch_out else "a JAX array or None"
-                raise TypeError(f"{name}: expected {kind} like the sample, got {type(x).__name__}")
-            if (tuple(x.shape), str(x.dtype)) != (shape, dtype):
-                raise ValueError(f"{name}: expected {shape} {dtype} like the sample, got {tuple(x.shape)} {x.dtype}")
         c, amax = self._compiled(*(op.array for op in ops))
         if not self._torch_out:
             return TupleDict(c_tensor=c, amax_tensor=amax)

@@ -17,7 +17,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from ._problem import SCALE_ATOM, SCALE_GROUPS_PER_BLOCK, SCALE_ROWS_PER_BLOCK, scale_shape
+from ._problem import SCALE_ATOM, SCALE_GROUPS_PER_BLOCK, SCALE_ROWS_PER_BLOCK, check_int, scale_shape
 
 __all__ = [
     "LOGICAL_FROM_PHYSICAL",
@@ -65,8 +65,18 @@ def _replicate_explicit_dims(x, dims):
     return jax.sharding.reshard(x, jax.sharding.NamedSharding(mesh, replicated))
 
 
+def _check_physical(physical):
+    if physical.ndim not in (5, 6) or tuple(physical.shape[-3:]) != SCALE_ATOM:
+        raise ValueError(
+            f"physical: expected the physical layout (L, MN', G', 32, 4, 4) or (MN', G', 32, 4, 4), "
+            f"got shape {tuple(physical.shape)}"
+        )
+
+
 def physical_from_plain(plain):
     """``(L, MN, G)`` or ``(MN, G)`` scales -> physical layout, zero-padded."""
+    if plain.ndim not in (2, 3):
+        raise ValueError(f"plain: expected (MN, G) or (L, MN, G) scales, got shape {tuple(plain.shape)}")
     squeeze = plain.ndim == 2
     if squeeze:
         plain = plain[None]
@@ -89,6 +99,16 @@ def physical_from_plain(plain):
 
 def plain_from_physical(physical, rows: int, groups: int):
     """Physical scales -> ``(L, rows, groups)`` (or ``(rows, groups)`` for a 5-D input)."""
+    _check_physical(physical)
+    for name, value, blocks, per_block in (
+        ("rows", rows, physical.shape[-5], SCALE_ROWS_PER_BLOCK),
+        ("groups", groups, physical.shape[-4], SCALE_GROUPS_PER_BLOCK),
+    ):
+        if check_int(value, name, minimum=0) > blocks * per_block:
+            raise ValueError(
+                f"{name}: physical scales of shape {tuple(physical.shape)} hold at most {blocks * per_block} "
+                f"{name} ({blocks} block{'s' * (blocks != 1)} of {per_block}), got {value}"
+            )
     squeeze = physical.ndim == 5
     if squeeze:
         physical = physical[None]
@@ -102,11 +122,15 @@ def plain_from_physical(physical, rows: int, groups: int):
 
 def physical_from_logical(logical):
     """The seed's logical view ``(32, 4, MN', 4, G', L)`` -> ``(L, MN', G', 32, 4, 4)``."""
+    shape = tuple(logical.shape)
+    if len(shape) != 6 or shape[:2] != SCALE_ATOM[:2] or shape[3] != SCALE_ATOM[2]:
+        raise ValueError(f"logical: expected the logical view (32, 4, MN', 4, G', L), got shape {shape}")
     return jnp.transpose(logical, PHYSICAL_FROM_LOGICAL)
 
 
 def logical_from_physical(physical):
     """``(L, MN', G', 32, 4, 4)`` (or 5-D without L) -> the seed's ``(32, 4, MN', 4, G', L)``."""
+    _check_physical(physical)
     if physical.ndim == 5:
         physical = physical[None]
     return jnp.transpose(physical, LOGICAL_FROM_PHYSICAL)
@@ -116,11 +140,12 @@ def is_logical_shape(shape) -> bool:
     return len(shape) == 6 and tuple(shape[:2]) == SCALE_ATOM[:2] and shape[3] == 4 and tuple(shape[-3:]) != SCALE_ATOM
 
 
-def as_physical(scales, batched: bool):
+def as_physical(scales, batched: bool, argname: str = "scales"):
     """Returns scales in the physical layout, converting the seed's logical view if given.
 
-    ``batched`` says whether the operand has a leading L. Shapes that are neither layout pass
-    through unchanged so that validation reports them against the expected physical shape.
+    ``batched`` says whether the operand has a leading L; ``argname`` names ``scales`` in errors.
+    Shapes that are neither layout pass through unchanged so that validation reports them against
+    the expected physical shape.
     """
     if not is_logical_shape(scales.shape):
         return scales
@@ -128,7 +153,7 @@ def as_physical(scales, batched: bool):
     if not batched:
         if physical.shape[0] != 1:
             raise ValueError(
-                f"scales: the logical view {tuple(scales.shape)} has L={physical.shape[0]}, "
+                f"{argname}: the logical view {tuple(scales.shape)} has L={physical.shape[0]}, "
                 "but the operand is 2-D (L=1)"
             )
         physical = physical[0]

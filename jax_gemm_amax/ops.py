@@ -47,8 +47,8 @@ class _Call:
 def _prepare(a, b, sfa, sfb, *, c_dtype, sf_vec_size, c_major, acc_dtype, mma_tiler_mn, cluster_shape_mn) -> _Call:
     a, b, sfa, sfb = (jnp.asarray(x) for x in (a, b, sfa, sfb))
     batched = a.ndim == 3
-    sfa = as_physical(sfa, batched)
-    sfb = as_physical(sfb, batched)
+    sfa = as_physical(sfa, batched, "sfa")
+    sfb = as_physical(sfb, batched, "sfb")
     problem, tiler, cluster = check_problem(
         a, b, sfa, sfb, c_dtype=c_dtype, sf_vec_size=sf_vec_size, acc_dtype=acc_dtype,
         mma_tiler_mn=mma_tiler_mn, cluster_shape_mn=cluster_shape_mn, c_major=c_major,

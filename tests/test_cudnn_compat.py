@@ -149,6 +149,20 @@ def test_tuple_dict():
 # GemmAmaxSm100 with JAX arrays
 
 
+class FakeCUstream:
+    """cuda-python's ``cuda.CUstream`` as far as we read it: ``int()`` is the handle, ``getPtr()``
+    the address of the Python object's storage (never 0)."""
+
+    def __init__(self, handle=0):
+        self._handle = handle
+
+    def __int__(self):
+        return self._handle
+
+    def getPtr(self):
+        return id(self)
+
+
 def test_class_with_jax_arrays(rng):
     p = npref.random_problem(rng, "fp4", E8M0, 32, 136, 64, 256, batch=2)
     a, b, sfa, sfb = seed_jax(p, logical_scales=True)
@@ -160,8 +174,8 @@ def test_class_with_jax_arrays(rng):
         op.execute(a, b, sfa, sfb, c, amax)
     assert op.check_support()
     op.compile()
-    out = op.execute(a, b, sfa, sfb, c, amax, current_stream=None)
-    assert isinstance(out, TupleDict) and not np.asarray(c).any()  # JAX arrays are not written in place
+    out = op.execute(a, b, sfa, sfb)
+    assert isinstance(out, TupleDict)
     check_seed_c(out["c_tensor"], out["amax_tensor"], p, "float16")
     # fresh data, same shapes: the cached executable; c/amax may be left out for JAX
     q = npref.random_problem(rng, "fp4", E8M0, 32, 136, 64, 256, batch=2)
@@ -171,8 +185,30 @@ def test_class_with_jax_arrays(rng):
     r = npref.random_problem(rng, "fp4", E8M0, 32, 128, 64, 256, batch=2)
     with pytest.raises(ValueError, match=r"a_tensor: got shape \(128, 128, 2\).*compiled for \(136, 128, 2\)"):
         op.execute(*seed_jax(r, logical_scales=True))
-    with pytest.raises(ValueError, match=r"c_tensor: expected \(136, 64, 2\) float16"):
-        op.execute(a, b, sfa, sfb, jnp.zeros((136, 64, 2), jnp.float32), amax)
+
+
+def test_class_with_jax_arrays_refuses_output_buffers_and_takes_the_default_stream(rng):
+    # NVIDIA's JAX usage passes c / amax buffers and cuda.CUstream(0), then reads the buffers. JAX
+    # arrays are immutable: the buffers are refused, never silently left unwritten.
+    p = npref.random_problem(rng, "e4m3", E8M0, 32, 128, 64, 128)
+    a, b, sfa, sfb = seed_jax(p)
+    c, amax = jnp.zeros((128, 64, 1), jnp.float32), jnp.full((1, 1, 1), -jnp.inf)
+    op = GemmAmaxSm100(a, b, sfa, sfb, c, amax)
+    op.compile()
+    must_be_none = r"with JAX samples, execute returns its outputs .* must be None, got ArrayImpl; read the result instead"
+    with pytest.raises(TypeError, match=r"c_tensor: " + must_be_none):
+        op.execute(a, b, sfa, sfb, c_tensor=c, amax_tensor=amax, current_stream=FakeCUstream(0))
+    with pytest.raises(TypeError, match=r"c_tensor: " + must_be_none):
+        op.execute(a, b, sfa, sfb, c, amax, current_stream=None)
+    with pytest.raises(TypeError, match=r"amax_tensor: " + must_be_none):
+        op.execute(a, b, sfa, sfb, amax_tensor=amax)
+    for stream in (None, 0, np.int64(0), FakeCUstream(0)):
+        c_out, amax_out = op.execute(a, b, sfa, sfb, current_stream=stream)
+        check_seed_c(c_out, amax_out, p, "float32")
+    with pytest.raises(NotImplementedError, match=r"current_stream: JAX arrays run on XLA's own stream.*got handle 0x1234"):
+        op.execute(a, b, sfa, sfb, current_stream=FakeCUstream(0x1234))
+    with pytest.raises(TypeError, match=r"current_stream: expected a torch.cuda.Stream or a CUDA stream handle"):
+        op.execute(a, b, sfa, sfb, current_stream="0")
 
 
 def test_class_check_support_raises_the_functional_errors(rng):
@@ -214,13 +250,44 @@ def test_error_paths(rng):
     with pytest.raises(TypeError, match=r"c_dtype: 'float5' is not a dtype"):
         gemm_amax_wrapper_sm100(a, b, sfa, sfb, c_dtype="float5")
     with pytest.raises(NotImplementedError, match=r"stream: JAX arrays run on XLA's own stream"):
-        gemm_amax_wrapper_sm100(a, b, sfa, sfb, stream=0)
+        gemm_amax_wrapper_sm100(a, b, sfa, sfb, stream=7)
+    np.testing.assert_array_equal(np.asarray(gemm_amax_wrapper_sm100(a, b, sfa, sfb, stream=FakeCUstream(0))[0]),
+                                  np.asarray(gemm_amax_wrapper_sm100(a, b, sfa, sfb)[0]))
     with pytest.raises(ValueError, match=r"sfa: expected the physical 128x4 layout"):
         gemm_amax_wrapper_sm100(a, b, sfa[..., :2], sfb)
     with pytest.raises(ValueError, match=r"mma_tiler_mn: TILE_N must be one of"):
         gemm_amax_jax_sm100(a, b, sfa, sfb, mma_tiler_mn=[128, 64])
     with pytest.raises(NotImplementedError, match=r"FP4 a/b with TILE_N = 256 requires K > 128"):
         gemm_amax_wrapper_sm100(a, b, sfa, sfb, mma_tiler_mn=(128, 256))
+
+
+@pytest.mark.parametrize(
+    "kw,exc,match",
+    [
+        ({"sf_vec_size": [32]}, TypeError, r"sf_vec_size must be an int, got \[32\] \(list\)"),
+        ({"sf_vec_size": 32.0}, TypeError, r"sf_vec_size must be an int, got 32.0 \(float\)"),
+        ({"c_major": ["n"]}, ValueError, r"c_major must be 'n' or 'm', got \['n'\]"),
+        ({"mma_tiler_mn": [[128], [128]]}, TypeError, r"mma_tiler_mn\[0\] must be an int, got \[128\] \(list\)"),
+        ({"mma_tiler_mn": (128.5, 128)}, TypeError, r"mma_tiler_mn\[0\] must be an int, got 128.5 \(float\)"),
+        ({"cluster_shape_mn": [[1], [1]]}, TypeError, r"cluster_shape_mn\[0\] must be an int, got \[1\]"),
+        ({"cluster_shape_mn": (1,)}, ValueError, r"cluster_shape_mn must be a pair of ints, got \(1,\)"),
+    ],
+)
+def test_static_arguments_are_validated_before_jit(rng, kw, exc, match):
+    # Unhashable or non-integer values get the library's message, not jax.jit's "non-hashable
+    # static argument", and are never truncated.
+    p = npref.random_problem(rng, "e4m3", E8M0, 32, 128, 64, 128)
+    args = seed_jax(p)
+    with pytest.raises(exc, match=match):
+        gemm_amax_wrapper_sm100(*args, **kw)
+    with pytest.raises(exc, match=match):
+        gemm_amax_jax_sm100(*args, **kw)
+    if "c_major" not in kw:
+        with pytest.raises(exc, match=match):
+            GemmAmaxSm100(*args, jnp.zeros((128, 64, 1)), jnp.zeros((1, 1, 1)), **kw).check_support()
+    tiler = (np.int64(128), np.int32(128))  # numpy integers are ints
+    c, amax = gemm_amax_wrapper_sm100(*args, sf_vec_size=np.int64(32), mma_tiler_mn=tiler)
+    check_seed_c(c, amax, p, "float32")
 
 
 def test_torch_is_not_imported():

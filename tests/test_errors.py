@@ -76,6 +76,14 @@ def test_valid_specs_trace():
         (fp8_args(), {"mma_tiler_mn": (64, 128)}, ValueError, r"mma_tiler_mn: TILE_M must be one of"),
         (fp8_args(), {"mma_tiler_mn": (128, 64)}, ValueError, r"mma_tiler_mn: TILE_N must be one of"),
         (fp8_args(), {"mma_tiler_mn": 128}, ValueError, r"mma_tiler_mn must be a pair"),
+        (fp8_args(), {"mma_tiler_mn": (128, 128, 1)}, ValueError, r"mma_tiler_mn must be a pair of ints, got \(128, 128, 1\)"),
+        (fp8_args(), {"mma_tiler_mn": (128.5, 128)}, TypeError, r"mma_tiler_mn\[0\] must be an int, got 128.5 \(float\)"),
+        (fp8_args(), {"mma_tiler_mn": (128, 128.0)}, TypeError, r"mma_tiler_mn\[1\] must be an int, got 128.0 \(float\)"),
+        (fp8_args(), {"cluster_shape_mn": (1, 1.5)}, TypeError, r"cluster_shape_mn\[1\] must be an int, got 1.5"),
+        (fp8_args(), {"sf_vec_size": 32.0}, TypeError, r"sf_vec_size must be an int, got 32.0 \(float\)"),
+        (fp8_args(), {"sf_vec_size": True}, TypeError, r"sf_vec_size must be an int, got True"),
+        (fp8_args(), {"sf_vec_size": [32]}, TypeError, r"sf_vec_size must be an int, got \[32\] \(list\)"),
+        (fp8_args(), {"c_major": ["n"]}, ValueError, r"c_major must be 'n' or 'm', got \['n'\]"),
         (fp8_args(), {"cluster_shape_mn": (3, 1)}, ValueError, r"cluster_shape_mn: CLUSTER_M must be one of"),
         (fp8_args(), {"cluster_shape_mn": (1, 8)}, ValueError, r"cluster_shape_mn: CLUSTER_N must be one of"),
         (fp4_args(k=128), {"mma_tiler_mn": (128, 256)}, NotImplementedError, r"TILE_N = 256 requires K > 128"),
@@ -87,11 +95,19 @@ def test_bad_input_raises_at_trace_time(args, kw, exc, match):
         trace(args, **kw)
 
 
-def test_logical_view_with_wrong_batch_for_2d_operand():
+@pytest.mark.parametrize("which", ["sfa", "sfb"])
+def test_logical_view_with_wrong_batch_for_2d_operand(which):
     a, b, sfa, sfb = fp8_args()
     logical = spec((32, 4, 1, 4, 2, 2), E8M0)  # L = 2 but a is 2-D
-    with pytest.raises(ValueError, match=r"has L=2, but the operand is 2-D"):
-        trace((a, b, logical, sfb))
+    args = (a, b, logical, sfb) if which == "sfa" else (a, b, sfa, logical)
+    with pytest.raises(ValueError, match=rf"^{which}: the logical view \(32, 4, 1, 4, 2, 2\) has L=2, but the operand is 2-D"):
+        trace(args)
+
+
+def test_numpy_integers_are_ints():
+    out = trace(fp8_args(), sf_vec_size=np.int64(32), mma_tiler_mn=(np.int32(128), np.int64(256)),
+                cluster_shape_mn=np.array([2, 1]))
+    assert out.c.shape == (128, 128)
 
 
 def test_seed_combination_that_we_support_fp8_in_fp8_out():
@@ -133,5 +149,56 @@ def test_quantize_errors():
         jga.quantize(jnp.ones((4, 32), jnp.int32))
     with pytest.raises(ValueError, match=r"x: must be \(rows, K\)"):
         jga.quantize(jnp.ones((32,)))
-    with pytest.raises(ValueError, match=r"scales: expected shape"):
+    with pytest.raises(ValueError, match=r"scales: expected the physical 128x4 layout \(1, 1, 32, 4, 4\) for rows=4, K=32"):
         jga.dequantize(jnp.ones((4, 32), jnp.float8_e4m3fn), jnp.ones((1, 2, 32, 4, 4), E8M0))
+
+
+def test_dequantize_checks_dtypes():
+    sf = jnp.ones((1, 1, 32, 4, 4), E8M0)
+    with pytest.raises(TypeError, match=r"q: dtype must be one of float8_e4m3fn, float8_e5m2, float4_e2m1fn, uint8, got float32"):
+        jga.dequantize(jnp.ones((4, 32), jnp.float32), sf)
+    with pytest.raises(TypeError, match=r"scales: dtype must be one of float8_e8m0fnu, .*, got float32"):
+        jga.dequantize(jnp.ones((4, 32), jnp.float8_e4m3fn), jnp.ones((1, 1, 32, 4, 4), jnp.float32))
+    with pytest.raises(ValueError, match=r"scales: expected the physical 128x4 layout \(1, 1, 32, 4, 4\) for rows=4, K=32"):
+        jga.dequantize(jnp.ones((4, 32), jnp.float8_e4m3fn), jnp.ones((4, 1), E8M0))  # plain, not physical
+    with pytest.raises(TypeError, match=r"sf_vec_size must be an int, got 32.0"):
+        jga.dequantize(jnp.ones((4, 32), jnp.float8_e4m3fn), sf, 32.0)
+    with pytest.raises(ValueError, match=r"sf_vec_size must be one of \(16, 32\), got 8"):
+        jga.dequantize(jnp.ones((4, 32), jnp.float8_e4m3fn), sf, 8)
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_plain_from_physical_rejects_more_rows_or_groups_than_it_holds(batched):
+    lead = (3,) if batched else ()
+    phys = jnp.ones(lead + (2, 1, 32, 4, 4), E8M0)  # 256 rows, 4 groups
+    shape = r"\(" + ", ".join(map(str, phys.shape)) + r"\)"
+    assert jga.plain_from_physical(phys, 256, 4).shape == lead + (256, 4)  # exactly full: fine
+    with pytest.raises(ValueError, match=rf"rows: physical scales of shape {shape} hold at most 256 rows \(2 blocks of 128\), got 257"):
+        jga.plain_from_physical(phys, 257, 4)
+    with pytest.raises(ValueError, match=rf"groups: physical scales of shape {shape} hold at most 4 groups \(1 block of 4\), got 5"):
+        jga.plain_from_physical(phys, 10, 5)
+    with pytest.raises(ValueError, match=r"rows must be at least 0, got -1"):
+        jga.plain_from_physical(phys, -1, 4)
+    with pytest.raises(TypeError, match=r"groups must be an int, got 4.0"):
+        jga.plain_from_physical(phys, 10, 4.0)
+
+
+def test_layout_converters_name_the_argument():
+    with pytest.raises(ValueError, match=r"plain: expected \(MN, G\) or \(L, MN, G\) scales, got shape \(4,\)"):
+        jga.physical_from_plain(jnp.ones((4,), jnp.uint8))
+    with pytest.raises(ValueError, match=r"physical: expected the physical layout .*, got shape \(1, 2, 3, 4\)"):
+        jga.logical_from_physical(jnp.ones((1, 2, 3, 4), jnp.uint8))
+    with pytest.raises(ValueError, match=r"physical: expected the physical layout .*, got shape \(1, 2, 32, 4\)"):
+        jga.plain_from_physical(jnp.ones((1, 2, 32, 4), jnp.uint8), 1, 1)
+    with pytest.raises(ValueError, match=r"logical: expected the logical view \(32, 4, MN', 4, G', L\), got shape \(1, 2, 32, 4, 4\)"):
+        jga.physical_from_logical(jnp.ones((1, 2, 32, 4, 4), jnp.uint8))
+    with pytest.raises(ValueError, match=r"sf_vec_size must be one of \(16, 32\), got 0"):
+        jga.scale_shape(128, 256, 0)
+    with pytest.raises(TypeError, match=r"sf_vec_size must be an int, got 32.0"):
+        jga.scale_shape(128, 256, 32.0)
+    with pytest.raises(ValueError, match=r"rows must be at least 0, got -5"):
+        jga.scale_shape(-5, 256, 32)
+    with pytest.raises(TypeError, match=r"k must be an int, got 256.0"):
+        jga.scale_shape(128, 256.0, 32)
+    with pytest.raises(ValueError, match=r"batch must be at least 0, got -1"):
+        jga.scale_shape(128, 256, 32, -1)

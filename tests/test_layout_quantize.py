@@ -149,3 +149,96 @@ def test_quantize_dequantize_in_one_jit_keeps_the_rounding(rng, fmt):
     q, sf = jax.jit(lambda x: jga.quantize(x, fmt))(x)
     np.testing.assert_array_equal(np.asarray(fused), np.asarray(jga.dequantize(q, sf, sfv)))
     assert not np.array_equal(np.asarray(fused), np.asarray(x))
+
+
+def _block_mask(x, sfv):
+    """(..., K) -> (..., K // sfv): blocks holding a NaN or an Inf."""
+    return ~np.isfinite(x).reshape(*x.shape[:-1], x.shape[-1] // sfv, sfv).all(-1)
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp8_e5m2", "mxfp4", "nvfp4"])
+def test_non_finite_block_gets_a_nan_scale_that_reaches_c_and_amax(rng, fmt):
+    f = jga.FORMATS[fmt]
+    sfv, rows, k = f.sf_vec_size, 64, 128
+    clean = (rng.standard_normal((2, rows, k)) * np.exp2(rng.integers(-8, 8, size=(2, rows, 1)))).astype(np.float32)
+    x = clean.copy()
+    x[0, 3, 5] = np.nan
+    x[0, 3, 40], x[0, 3, 41] = np.inf, 1000.0  # a finite neighbour above the format's max
+    x[1, 10, 127] = -np.inf  # last element of the last block
+    x[1, 63, 0] = np.nan  # first element
+    x[1, 20, 16:32] = np.nan  # a whole block of NaN (for sfv 32, half of one)
+    mask = _block_mask(x, sfv)
+    q, sf = jga.quantize(x, fmt)
+    q0, sf0 = jga.quantize(clean, fmt)
+
+    # Scales: NaN exactly on the non-finite blocks, every other byte as for the finite data.
+    codes = np.asarray(jga.plain_from_physical(sf, rows, k // sfv)).view(np.uint8)
+    codes0 = np.asarray(jga.plain_from_physical(sf0, rows, k // sfv)).view(np.uint8)
+    nan_code = 0x7F if fmt == "nvfp4" else 0xFF
+    np.testing.assert_array_equal(codes, np.where(mask, nan_code, codes0))
+    assert np.count_nonzero(np.asarray(sf).view(np.uint8) != np.asarray(sf0).view(np.uint8)) == mask.sum()  # padding too
+
+    # Values: other blocks bit for bit; the non-finite blocks hold their values at scale 1
+    # (saturated, NaN kept where the format has one).
+    packed = fmt in ("mxfp4", "nvfp4")
+    per_byte = np.repeat(mask, sfv // 2 if packed else sfv, axis=-1)
+    qb, qb0 = np.asarray(q).view(np.uint8), np.asarray(q0).view(np.uint8)
+    np.testing.assert_array_equal(qb[~per_byte], qb0[~per_byte])
+    per_elem = np.repeat(mask, sfv, axis=-1)
+    at_one = np.clip(x.astype(np.float64), -f.max_value, f.max_value).astype(f.value_dtype).astype(np.float64)
+    got = npref.decode_values(np.asarray(q))
+    check = per_elem & ~(np.isnan(x) & packed)  # e2m1 has no NaN
+    np.testing.assert_array_equal(got[check], at_one[check])
+
+    # dequantize: the whole block is NaN, the rest as for the finite data.
+    deq, deq0 = np.asarray(jga.dequantize(q, sf, sfv)), np.asarray(jga.dequantize(q0, sf0, sfv))
+    assert np.isnan(deq[per_elem]).all()
+    np.testing.assert_array_equal(deq[~per_elem], deq0[~per_elem])
+
+    # gemm_amax: every C element of a row with a non-finite block is NaN, and so is amax; the
+    # other rows match the float64 oracle of the finite data.
+    w = rng.standard_normal((2, 32, k)).astype(np.float32)
+    qw, sw = jga.quantize(w, fmt)
+    c, amax = jga.gemm_amax(q, qw, sf, sw, sf_vec_size=sfv)
+    c = np.asarray(c)
+    nan_rows = mask.any(-1)
+    np.testing.assert_array_equal(np.isnan(c), np.broadcast_to(nan_rows[..., None], c.shape))
+    assert np.isnan(float(amax))
+    ref, abssum, _ = npref.gemm_amax_f64(np.asarray(q0), np.asarray(qw), np.asarray(sf0), np.asarray(sw), sfv)
+    npref.assert_c_close(np.where(nan_rows[..., None], ref, c), "float32", ref, abssum)
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp4", "nvfp4"])
+@pytest.mark.parametrize("shape", [(0, 64), (5, 0), (2, 0, 64), (0, 3, 64), (2, 3, 0)])
+def test_quantize_empty_input_gives_empty_results(fmt, shape):
+    f = jga.FORMATS[fmt]
+    *lead, rows, k = shape
+    packed = fmt != "mxfp8_e4m3"
+    q, sf = jga.quantize(np.zeros(shape, np.float32), fmt)
+    assert q.shape == (*lead, rows, k // 2 if packed else k)
+    assert q.dtype == (jnp.uint8 if packed else f.value_dtype)
+    batch = int(np.prod(lead)) if lead else None
+    assert sf.shape == jga.scale_shape(rows, k, f.sf_vec_size, batch) and sf.dtype == f.scale_dtype
+    if len(lead) < 2:
+        deq = jga.dequantize(q, sf, f.sf_vec_size)
+        assert deq.shape == shape and deq.dtype == jnp.float32
+
+
+def test_gemm_amax_rejects_what_empty_quantize_returns():
+    qa, sfa = jga.quantize(np.zeros((0, 64), np.float32))
+    qb, sfb = jga.quantize(np.ones((32, 64), np.float32))
+    with pytest.raises(ValueError, match=r"a, b: L, M, N and K must be at least 1 \(a \(0, 64\), b \(32, 64\)\)"):
+        jga.gemm_amax(qa, qb, sfa, sfb)
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
+def test_dequantize_takes_unpacked_fp4(rng, fmt):
+    sfv = jga.FORMATS[fmt].sf_vec_size
+    x = rng.standard_normal((3, 40, 64)).astype(np.float32)
+    q, sf = jga.quantize(x, fmt, packed=False)
+    assert q.dtype == jnp.float4_e2m1fn
+    got = np.asarray(jga.dequantize(q, sf, sfv))
+    want = np.asarray(q).astype(np.float64) * npref.scales_per_element(np.asarray(sf), 40, 64, sfv)
+    np.testing.assert_array_equal(got, want)
+    packed, sf_packed = jga.quantize(x, fmt)
+    np.testing.assert_array_equal(np.asarray(jga.dequantize(packed, sf_packed, sfv)), got)

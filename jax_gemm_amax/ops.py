@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import NamedTuple
 
 import jax
@@ -82,9 +83,15 @@ def gemm_amax(
 ) -> GemmAmaxResult:
     """Block-scaled GEMM with a fused global amax.
 
-    ``C[l, m, n] = sum_k A[l, m, k] SFA(l, m, k // sfv) B[l, n, k] SFB(l, n, k // sfv)`` with fp32
-    accumulation; ``amax = max |C|`` over everything, on the fp32 accumulator before C is rounded
-    to ``c_dtype`` (NaN propagates). Returns ``GemmAmaxResult(c, amax)``.
+    ``C[l, m, n] = sum_g (sum_{k in g} A[l, m, k] B[l, n, k]) SFA(l, m, g) SFB(l, n, g)`` over the
+    K groups g of ``sf_vec_size`` elements, as block-scaled hardware computes it: each group's dot
+    of the narrow values in fp32 (their products are exact), times the group's combined scale,
+    accumulated in fp32. A scale never meets an element alone, so a C that fp32 can represent
+    comes out finite and right for any scales (e8m0 2^127 beside 2^-127, subnormal results). NaN
+    comes from NaN inputs (an e8m0 0xFF byte, NaN codes and scales), e5m2 Inf, or terms beyond
+    fp32's range of both signs (Inf - Inf). ``amax = max |C|`` over
+    everything, on the fp32 accumulator before C is rounded to ``c_dtype`` (NaN propagates).
+    Returns ``GemmAmaxResult(c, amax)``.
 
     Args:
       a: ``(M, K)`` or ``(L, M, K)``, K-major: ``float8_e4m3fn``, ``float8_e5m2``,
@@ -94,7 +101,8 @@ def gemm_amax(
         (no leading L for 2-D operands) or the seed's logical view ``(32, 4, MN', 4, K', L)``;
         ``float8_e8m0fnu`` (``int8``/``uint8`` read as e8m0) or ``float8_e4m3fn`` (sfv 16).
       c_dtype: float32, float16, bfloat16, float8_e4m3fn, float8_e5m2 (both saturating),
-        float4_e2m1fn or uint8 (packed FP4, ``(..., M, N // 2)``), saturating.
+        float4_e2m1fn or uint8 (packed FP4, ``(..., M, N // 2)``), saturating. FP4 has no NaN:
+        a NaN element of C is stored as +6 (code 0x7), while amax is NaN.
       sf_vec_size: 16 or 32 elements of K per scale.
       c_major: ``"n"`` returns ``(..., M, N)``; ``"m"`` returns C transposed, ``(..., N, M)``.
       acc_dtype: float32 only.
@@ -212,6 +220,7 @@ def _combined_scales(sa, sb):
     return jnp.where(nan, jnp.nan, 1.0).astype(jnp.float32), sa[:, :, None, :] + sb[:, None, :, :] - 254
 
 
+@functools.partial(jax.jit, static_argnames="sf_vec_size")  # one compile per shape, also when called eagerly
 def _block_scaled_sum(a, b, sfa, sfb, sf_vec_size):
     """``sum_g blockdot_g * scale_g`` for (L, M, Kb) and (L, N, Kb) operands and physical scales:
     (L, M, N) float32. Kept as ``s * 2^r`` (s a float32 sum of fractions, r the exponent of the

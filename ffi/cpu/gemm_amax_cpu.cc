@@ -90,12 +90,11 @@ inline float AbsMax(float acc, float x) {
 
 inline float Pow2(int e) { return std::ldexp(1.0f, e); }  // e in [-64, 64]: a normal float
 
-// A scale as two factors whose products with the other operand's factors are the combined scale
-// split in halves: e8m0 2^e gives (2^floor(e/2), 2^ceil(e/2)) on A and (2^ceil(e/2), 2^floor(e/2))
-// on B, so the A1*B1 and A2*B2 are 2^floor(E/2) and 2^ceil(E/2) in some order (E = ea + eb in
-// [-254, 254]; each within [-127, 127], fp32 numbers). A block dot times one then the other
-// overflows or underflows only where the term itself does. e4m3 scales (the product is exact
-// and in range) use the first factor alone.
+// A scale as two factors whose products with the other operand's factors split the combined
+// scale in halves (numerics.h): e8m0 2^e gives (2^floor(e/2), 2^ceil(e/2)) on A and
+// (2^ceil(e/2), 2^floor(e/2)) on B, so A1*B1 and A2*B2 are 2^floor(E/2) and 2^ceil(E/2), in some
+// order (E = ea + eb), each in [2^-127, 2^127]: whole vectors of them per group cost two
+// multiplies. e4m3 scales (sa * sb is exact and in range) use the first factor alone.
 struct ScalePair {
   float first, second;
 };
@@ -116,7 +115,7 @@ struct Packed {
 };
 
 void PackPanel(const GemmAmaxProblem& p, const uint8_t* values, const uint8_t* scales, int64_t rows, int64_t width,
-               bool is_a, int64_t panel, Packed* out, float* row_buf) {
+               bool is_a, int64_t panel, Packed* out) {
   const int64_t row_bytes = p.operand_row_bytes();
   const int64_t groups = p.k_groups();
   const int64_t k_blocks = p.k_blocks();
@@ -133,13 +132,12 @@ void PackPanel(const GemmAmaxProblem& p, const uint8_t* values, const uint8_t* s
     const uint8_t* src = values + row * row_bytes;
     if (p.fp4_operands()) {
       for (int64_t i = 0; i < p.k / 2; ++i) {
-        row_buf[2 * i] = DecodeE2M1(src[i] & 0xF);
-        row_buf[2 * i + 1] = DecodeE2M1(src[i] >> 4);
+        dst[2 * i * width + w] = DecodeE2M1(src[i] & 0xF);
+        dst[(2 * i + 1) * width + w] = DecodeE2M1(src[i] >> 4);
       }
     } else {
-      for (int64_t k = 0; k < p.k; ++k) row_buf[k] = DecodeOperand(p.ab_type, src[k]);
+      for (int64_t k = 0; k < p.k; ++k) dst[k * width + w] = DecodeOperand(p.ab_type, src[k]);
     }
-    for (int64_t k = 0; k < p.k; ++k) dst[k * width + w] = row_buf[k];
     for (int64_t g = 0; g < groups; ++g) {
       const ScalePair s = SplitScale(p.sf_type, scales[ScaleOffset(row, g, k_blocks)], is_a);
       s1[g * width + w] = s.first;
@@ -259,11 +257,10 @@ void Run(const GemmAmaxProblem& p, const GemmAmaxBuffers& buf) {
     const uint8_t* sfa_l = sfa_bytes + l * p.scale_batch_stride(p.m);
     const uint8_t* sfb_l = sfb_bytes + l * p.scale_batch_stride(p.n);
     ParallelFor(a_panels + b_panels, [&](int64_t panel) {
-      std::vector<float> row_buf(static_cast<size_t>(p.k));
       if (panel < a_panels) {
-        PackPanel(p, a_l, sfa_l, p.m, kMR, /*is_a=*/true, panel, &a_pack, row_buf.data());
+        PackPanel(p, a_l, sfa_l, p.m, kMR, /*is_a=*/true, panel, &a_pack);
       } else {
-        PackPanel(p, b_l, sfb_l, p.n, kNR, /*is_a=*/false, panel - a_panels, &b_pack, row_buf.data());
+        PackPanel(p, b_l, sfb_l, p.n, kNR, /*is_a=*/false, panel - a_panels, &b_pack);
       }
     });
 

@@ -137,6 +137,14 @@ def decode_fp8(x):
     return jnp.where(mag >= 0x7C, special, value)
 
 
+def operand_values(q):
+    """Operand codes -> float32 values, exactly: FP8 (``float8_e4m3fn``, ``float8_e5m2``) or packed
+    FP4 (``uint8``, ``(..., K // 2)`` -> ``(..., K)``)."""
+    if np.dtype(q.dtype) == np.dtype(np.uint8):
+        return e2m1_values(unpack_fp4(q))
+    return decode_fp8(q)
+
+
 def decode_scales(scales):
     """Scale bytes -> float32. e8m0 (and int8/uint8 read as e8m0) is 2^(code - 127), 0xFF NaN;
     float8_e4m3fn is converted as a value."""

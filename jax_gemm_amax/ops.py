@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import NamedTuple
 
 import jax
@@ -11,10 +12,9 @@ import numpy as np
 
 from . import formats
 from ._problem import FP4_OPERAND, PACKED_FP4, Problem, check_problem
-from .layout import as_physical
+from .layout import as_physical, plain_from_physical
 from . import sharding  # noqa: F401  (registers gemm_amax_p's partitioned lowering)
 from .primitive import gemm_amax_p
-from .quantize import dequantize_physical
 
 __all__ = ["GemmAmaxResult", "gemm_amax", "reference_gemm_amax"]
 
@@ -65,7 +65,7 @@ def _finish(call: _Call, c, amax_per_batch) -> GemmAmaxResult:
         c = formats.float4_from_packed(c)
     if call.problem.batch is None:
         c = c[0]
-    return GemmAmaxResult(c, jnp.max(amax_per_batch))
+    return GemmAmaxResult(c, _magnitude_max(amax_per_batch, axis=None))
 
 
 def gemm_amax(
@@ -83,9 +83,15 @@ def gemm_amax(
 ) -> GemmAmaxResult:
     """Block-scaled GEMM with a fused global amax.
 
-    ``C[l, m, n] = sum_k A[l, m, k] SFA(l, m, k // sfv) B[l, n, k] SFB(l, n, k // sfv)`` with fp32
-    accumulation; ``amax = max |C|`` over everything, on the fp32 accumulator before C is rounded
-    to ``c_dtype`` (NaN propagates). Returns ``GemmAmaxResult(c, amax)``.
+    ``C[l, m, n] = sum_g (sum_{k in g} A[l, m, k] B[l, n, k]) SFA(l, m, g) SFB(l, n, g)`` over the
+    K groups g of ``sf_vec_size`` elements, as block-scaled hardware computes it: each group's dot
+    of the narrow values in fp32 (their products are exact), times the group's combined scale,
+    accumulated in fp32. A scale never meets an element alone, so a C that fp32 can represent
+    comes out finite and right for any scales (e8m0 2^127 beside 2^-127, subnormal results). NaN
+    comes from NaN inputs (an e8m0 0xFF byte, NaN codes and scales), e5m2 Inf, or terms beyond
+    fp32's range of both signs (Inf - Inf). ``amax = max |C|`` over
+    everything, on the fp32 accumulator before C is rounded to ``c_dtype`` (NaN propagates).
+    Returns ``GemmAmaxResult(c, amax)``.
 
     Args:
       a: ``(M, K)`` or ``(L, M, K)``, K-major: ``float8_e4m3fn``, ``float8_e5m2``,
@@ -95,7 +101,8 @@ def gemm_amax(
         (no leading L for 2-D operands) or the seed's logical view ``(32, 4, MN', 4, K', L)``;
         ``float8_e8m0fnu`` (``int8``/``uint8`` read as e8m0) or ``float8_e4m3fn`` (sfv 16).
       c_dtype: float32, float16, bfloat16, float8_e4m3fn, float8_e5m2 (both saturating),
-        float4_e2m1fn or uint8 (packed FP4, ``(..., M, N // 2)``), saturating.
+        float4_e2m1fn or uint8 (packed FP4, ``(..., M, N // 2)``), saturating. FP4 has no NaN:
+        a NaN element of C is stored as +6 (code 0x7), while amax is NaN.
       sf_vec_size: 16 or 32 elements of K per scale.
       c_major: ``"n"`` returns ``(..., M, N)``; ``"m"`` returns C transposed, ``(..., N, M)``.
       acc_dtype: float32 only.
@@ -127,17 +134,130 @@ def reference_gemm_amax(
     mma_tiler_mn=(128, 128),
     cluster_shape_mn=(1, 1),
 ) -> GemmAmaxResult:
-    """Pure-jnp :func:`gemm_amax` (same signature, same validation): dequantize, fp32 matmul at
-    HIGHEST precision, amax, saturating cast. The oracle of the tests."""
+    """Pure-jnp :func:`gemm_amax` (same signature, same validation, same semantics): per K group
+    the fp32 dot of the narrow values (HIGHEST precision), times the group's combined scale,
+    summed over the groups; amax on that sum; saturating cast. The oracle of the tests.
+
+    Its arithmetic does not depend on a flush-to-zero mode (XLA's CPU runs with one): the sum is
+    kept as a float32 fraction and an integer exponent and put together from the bits, so
+    subnormal and extreme results come out as on the kernels."""
     call = _prepare(
         a, b, sfa, sfb, c_dtype=c_dtype, sf_vec_size=sf_vec_size, c_major=c_major, acc_dtype=acc_dtype,
         mma_tiler_mn=mma_tiler_mn, cluster_shape_mn=cluster_shape_mn,
     )
-    a32 = dequantize_physical(call.a, call.sfa, sf_vec_size)
-    b32 = dequantize_physical(call.b, call.sfb, sf_vec_size)
-    acc = jnp.einsum("lmk,lnk->lmn", a32, b32, precision=jax.lax.Precision.HIGHEST,
-                     preferred_element_type=jnp.float32)
-    amax = jnp.max(jnp.abs(acc), axis=(1, 2))
+    acc = _block_scaled_sum(call.a, call.b, call.sfa, call.sfb, sf_vec_size)
+    amax = _magnitude_max(acc, axis=(1, 2))
     if c_major == "m":
         acc = jnp.swapaxes(acc, 1, 2)
     return _finish(call, formats.saturating_cast(acc, call.kernel_c_dtype), amax)
+
+
+# Float32 arithmetic through the bits, for the reference: exact, and the same on every backend
+# whatever its flush-to-zero mode.
+_SIGN = np.int32(-(2**31))
+_EXPONENT = np.int32(0x7F800000)
+_NO_TERM = -(2**20)  # the exponent of a sum without terms yet
+_CHUNK_ELEMENTS = 2**20  # (L, groups, M, N) elements of one step over K
+
+
+def _bits(x):
+    return jax.lax.bitcast_convert_type(x, jnp.int32)
+
+
+def _magnitude_max(x, axis):
+    """max |x| over ``axis``, NaN if any is NaN: on the bit patterns, which order |x| as floats do."""
+    return jax.lax.bitcast_convert_type(jnp.max(_bits(x) & ~_SIGN, axis=axis), jnp.float32)
+
+
+def _fraction_exponent(x):
+    """``x = f * 2^e``: for normal x, |f| in [1, 2); zero, subnormal, Inf and NaN give (x, 0)."""
+    bits = _bits(x)
+    field = (bits & _EXPONENT) >> 23
+    normal = (field > 0) & (field < 255)
+    f = jax.lax.bitcast_convert_type((bits & ~_EXPONENT) | np.int32(127 << 23), jnp.float32)
+    return jnp.where(normal, f, x), jnp.where(normal, field - 127, 0)
+
+
+def _times_pow2(f, d):
+    """``f * 2^d`` for ``d <= 0``, zero below ``2^-126`` times ``f`` (terms that small beside the
+    sum's largest one are far below its rounding)."""
+    return jnp.where(d >= -126, f * formats.exact_pow2(jnp.maximum(d, -126)), 0.0)
+
+
+def _ldexp(s, r):
+    """``s * 2^r`` (s normal or zero, int32 r) rounded to float32, to nearest even, subnormals
+    included, overflow to Inf: built from the bits."""
+    bits = _bits(s)
+    t = ((bits & _EXPONENT) >> 23) - 127 + r  # the result's exponent
+    significand = (bits & 0x7FFFFF) | 0x800000
+    normal = ((t + 127) << 23) | (bits & 0x7FFFFF)
+    shift = jnp.clip(-126 - t, 1, 25)  # subnormal: significand * 2^(t - 23) in units of 2^-149
+    q = significand >> shift
+    rem = significand & ((1 << shift) - 1)
+    half = 1 << (shift - 1)
+    q = q + ((rem > half) | ((rem == half) & ((q & 1) == 1))).astype(jnp.int32)
+    magnitude = jnp.where(t > 127, _EXPONENT, jnp.where(t >= -126, normal, q))
+    out = jax.lax.bitcast_convert_type((bits & _SIGN) | magnitude, jnp.float32)
+    return jnp.where((bits & _EXPONENT) == 0, 0.0, out)
+
+
+def _operand_scales(scales, rows, groups):
+    """Physical scales -> plain (L, rows, G): e8m0 (and int8/uint8) bytes as int32 codes, e4m3 as
+    float32 values."""
+    plain = plain_from_physical(scales, rows, groups)
+    if np.dtype(plain.dtype) == np.dtype(jnp.float8_e4m3fn):
+        return formats.decode_fp8(plain)
+    return jax.lax.bitcast_convert_type(plain, jnp.uint8).astype(jnp.int32)
+
+
+def _combined_scales(sa, sb):
+    """The combined scale of every (l, m, n, group) as ``f * 2^e``, from :func:`_operand_scales`
+    of A (L, M, G) and B (L, N, G): e8m0 ``f = 1`` (NaN if either byte is 0xFF), ``e = ea + eb``;
+    e4m3 the product ``sa sb`` (exact in float32) split in fraction and exponent."""
+    if sa.dtype == jnp.float32:
+        return _fraction_exponent(sa[:, :, None, :] * sb[:, None, :, :])
+    nan = (sa == 255)[:, :, None, :] | (sb == 255)[:, None, :, :]
+    return jnp.where(nan, jnp.nan, 1.0).astype(jnp.float32), sa[:, :, None, :] + sb[:, None, :, :] - 254
+
+
+@functools.partial(jax.jit, static_argnames="sf_vec_size")  # one compile per shape, also when called eagerly
+def _block_scaled_sum(a, b, sfa, sfb, sf_vec_size):
+    """``sum_g blockdot_g * scale_g`` for (L, M, Kb) and (L, N, Kb) operands and physical scales:
+    (L, M, N) float32. Kept as ``s * 2^r`` (s a float32 sum of fractions, r the exponent of the
+    largest term) over steps of a few groups, so that no term or partial sum over- or underflows
+    where the result does not; Inf and NaN terms are summed apart."""
+    va, vb = formats.operand_values(a), formats.operand_values(b)
+    batch, m, k = va.shape
+    n = vb.shape[1]
+    groups = k // sf_vec_size
+    chunk = int(np.clip(_CHUNK_ELEMENTS // max(batch * m * n, 1), 1, groups))
+    steps = -(-groups // chunk)
+    pad = steps * chunk - groups  # padding groups: zero values and scale bytes
+
+    def by_step(x):  # (L, rows, G, ...) -> (steps, L, rows, chunk, ...)
+        x = jnp.pad(x, [(0, 0), (0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 3))
+        return jnp.moveaxis(x.reshape(x.shape[:2] + (steps, chunk) + x.shape[3:]), 2, 0)
+
+    xs = (by_step(va.reshape(batch, m, groups, sf_vec_size)), by_step(vb.reshape(batch, n, groups, sf_vec_size)),
+          by_step(_operand_scales(sfa, m, groups)), by_step(_operand_scales(sfb, n, groups)))
+
+    def step(carry, x):
+        s, r, special = carry
+        xa, xb, xsa, xsb = x
+        xf, xe = _combined_scales(xsa, xsb)
+        dot = jnp.einsum("lmgk,lngk->lmng", xa, xb, precision=jax.lax.Precision.HIGHEST,
+                         preferred_element_type=jnp.float32)
+        term = dot * xf  # exact for e8m0 (f = 1); one rounding for the e4m3 product, as the kernels
+        frac, frac_e = _fraction_exponent(term)
+        live = jnp.isfinite(term) & (term != 0)
+        exponent = jnp.where(live, frac_e + xe, _NO_TERM)
+        special = special + jnp.sum(jnp.where(jnp.isfinite(term), 0.0, term), axis=-1)
+        r_new = jnp.maximum(r, jnp.max(exponent, axis=-1))
+        s = _times_pow2(s, r - r_new) + jnp.sum(
+            _times_pow2(jnp.where(live, frac, 0.0), exponent - r_new[..., None]), axis=-1)
+        return (s, r_new, special), None
+
+    init = (jnp.zeros((batch, m, n), jnp.float32), jnp.full((batch, m, n), _NO_TERM, jnp.int32),
+            jnp.zeros((batch, m, n), jnp.float32))
+    (s, r, special), _ = jax.lax.scan(step, init, xs)
+    return jnp.where(special == 0, _ldexp(s, r), special)

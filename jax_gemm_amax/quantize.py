@@ -86,10 +86,7 @@ def quantize(x, fmt: str = "mxfp8_e4m3", *, packed: bool = True):
 def dequantize_physical(q, scales, sf_vec_size: int):
     """float32 ``q * scales`` for validated operands: ``q`` FP8 or packed FP4 (uint8), ``(L, rows,
     Kb)`` or ``(rows, Kb)``, and its physical scales. The one dequantization of the library."""
-    if np.dtype(q.dtype) == PACKED_FP4:
-        values = formats.e2m1_values(formats.unpack_fp4(q))
-    else:
-        values = formats.decode_fp8(q)
+    values = formats.operand_values(q)
     rows, k = values.shape[-2:]
     plain = formats.decode_scales(plain_from_physical(scales, rows, k // sf_vec_size))
     return values * jnp.repeat(plain, sf_vec_size, axis=-1)

@@ -72,21 +72,25 @@ class RandomProblem:
     k: int
 
 
+def physical_scales(codes: np.ndarray, sf_dtype) -> np.ndarray:
+    """Scale bytes (L, rows, groups) -> the physical layout (L, R', G', 32, 4, 4) in ``sf_dtype``,
+    padding zero, placed with the seed's offset formula."""
+    batch, rows, groups = codes.shape
+    phys = np.zeros((batch, -(-rows // 128), -(-groups // 4), 32, 4, 4), np.uint8)
+    idx = scale_index(np.arange(rows)[:, None], np.arange(groups)[None, :])
+    for l in range(batch):
+        phys[(l,) + idx] = codes[l]
+    return phys.view(sf_dtype) if sf_dtype != np.uint8 else phys
+
+
 def random_scales(rng, batch, rows, k, sfv, sf_dtype):
     groups = k // sfv
-    shape = (batch, -(-rows // 128), -(-groups // 4), 32, 4, 4)
-    phys = np.zeros(shape, np.uint8)
-    r = np.arange(rows)[:, None]
-    g = np.arange(groups)[None, :]
-    idx = scale_index(r, g)
     if sf_dtype == ml_dtypes.float8_e4m3fn:
         # positive normal e4m3 scales in [2^-3, 2^3)
         codes = rng.integers(0x20, 0x50, size=(batch, rows, groups)).astype(np.uint8)
     else:
         codes = rng.integers(124, 131, size=(batch, rows, groups)).astype(np.uint8)
-    for l in range(batch):
-        phys[(l,) + idx] = codes[l]
-    return phys.view(sf_dtype) if sf_dtype != np.uint8 else phys
+    return physical_scales(codes, sf_dtype)
 
 
 def random_operand(rng, batch, rows, k, kind):

@@ -1,7 +1,17 @@
 // Reference-quality conversions between fp32 and the narrow formats of the contract.
 // Decoding is exact. Encoding rounds to nearest even and saturates to the largest finite
-// value (the contract for FP8/FP4 outputs); NaN stays NaN where the format has one (FP4 has
-// none: NaN is written as +6, and the amax output carries the NaN).
+// value (the contract for FP8/FP4 outputs); NaN stays NaN where the format has one. FP4 has
+// none: a NaN is written as +6 (code 0x7, whatever its sign) on every backend, and the amax
+// output carries the NaN.
+//
+// Scales are applied the way block-scaled hardware does, never to an element alone (448 * 2^127
+// overflows fp32 although C may be an ordinary number): per K group the products of the decoded
+// values (exact in fp32) are summed in fp32, and that block dot is multiplied by the group's
+// combined scale. e4m3 scales: sa * sb, exact and within fp32's range, one multiply. e8m0 scales
+// 2^ea, 2^eb: the combined exponent E = ea + eb (in [-254, 254]) goes on in two power-of-two
+// factors 2^(E >> 1) and 2^(E - (E >> 1)), each an fp32 number (2^-127 a subnormal), so no step
+// over- or underflows unless the term itself does; an 0xFF byte (NaN) makes the term NaN.
+// Kernels must not flush subnormals (scales, terms or results) to zero.
 #pragma once
 
 #include <cmath>

@@ -1,7 +1,10 @@
 // The gemm_amax problem description shared by every backend.
 //
-//   C[l,m,n] = sum_k A[l,m,k]*SFA(l,m,k/sfv) * B[l,n,k]*SFB(l,n,k/sfv)   (fp32 accumulation)
+//   C[l,m,n] = sum_g (sum_{k in g} A[l,m,k] * B[l,n,k]) * SFA(l,m,g) * SFB(l,n,g)   (fp32)
 //   amax[l]  = max |C[l,:,:]| on the fp32 accumulator, before C is rounded to its dtype
+//
+// g runs over the K groups of sf_vec_size elements; how the combined scale is applied without
+// intermediate over- or underflow is in numerics.h.
 //
 // A is (L, M, K) and B is (L, N, K), both K-major and C-contiguous. FP4 operands are always
 // packed two per byte here (low nibble = even k); the Python layer packs `float4_e2m1fn`

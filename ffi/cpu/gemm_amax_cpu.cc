@@ -1,6 +1,11 @@
-// CPU kernel: dequantize each operand once to fp32 (exact: narrow value x scale fits fp32),
-// then a blocked, multithreaded fp32 GEMM over K-major rows with a register-blocked
-// micro-kernel, and an epilogue that reduces amax on the fp32 sums before rounding C.
+// CPU kernel, the block-scaled hardware's semantics: per K group (sf_vec_size elements) the dot of
+// the narrow values, summed in fp32 (their products are exact in fp32), times the group's combined
+// scale, accumulated in fp32. The scale is never folded into an element, so a C that fp32 holds
+// comes out right for any pair of scales (448 * 2^127 * 2^-127, or subnormal results).
+//
+// Operands are decoded to fp32 values once and packed in panels (A: kMR rows, B: kNR columns,
+// K outermost); the register-blocked micro-kernel holds kMR x kNR block dots in vector lanes
+// that run along N, so one group's scales fold in as whole vectors.
 #include "cpu/gemm_amax_cpu.h"
 
 #include <algorithm>
@@ -10,19 +15,52 @@
 #include <thread>
 #include <vector>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
+
 #include "common/numerics.h"
 
 namespace jga::cpu {
 namespace {
 
-constexpr int64_t kMR = 3;         // rows of A per micro-kernel
-constexpr int64_t kNR = 4;         // rows of B per micro-kernel
-constexpr int64_t kVec = 8;        // floats per vector lane group
+constexpr int64_t kVec = 8;        // floats per vector
+constexpr int64_t kMR = 6;         // rows of A per micro-kernel
+constexpr int64_t kNR = 2 * kVec;  // columns of B per micro-kernel: 12 accumulators + 3 operands fit 16 ymm
 constexpr int64_t kTileM = 48;     // multiple of kMR
-constexpr int64_t kTileN = 64;     // multiple of kNR
-constexpr int64_t kBlockK = 256;   // multiple of kVec; keeps a tile's K slice in L1/L2
+constexpr int64_t kTileN = 128;    // multiple of kNR
+constexpr int64_t kBlockK = 256;   // multiple of every sf_vec_size; keeps a tile's K slice in L1/L2
 
 typedef float Vec8 __attribute__((vector_size(kVec * sizeof(float))));
+
+// The IEEE subnormal behaviour for the lifetime of the object: XLA's CPU threads run with
+// flush-to-zero and denormals-are-zero, which would flush subnormal scales, terms and results.
+class ScopedSubnormals {
+ public:
+#if defined(__x86_64__) || defined(__i386__)
+  ScopedSubnormals() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ & ~(kFtz | kDaz)); }
+  ~ScopedSubnormals() { _mm_setcsr(saved_); }
+
+ private:
+  static constexpr unsigned kFtz = 1u << 15, kDaz = 1u << 6;
+  unsigned saved_;
+#elif defined(__aarch64__)
+  ScopedSubnormals() {
+    __asm__ __volatile__("mrs %0, fpcr" : "=r"(saved_));
+    const uint64_t ieee = saved_ & ~kFlush;
+    __asm__ __volatile__("msr fpcr, %0" : : "r"(ieee));
+  }
+  ~ScopedSubnormals() { __asm__ __volatile__("msr fpcr, %0" : : "r"(saved_)); }
+
+ private:
+  static constexpr uint64_t kFlush = (uint64_t{1} << 24) | 1u;  // FZ, and FIZ where FEAT_AFP has it
+  uint64_t saved_;
+#else
+#error "the CPU kernel needs a way to turn off flush-to-zero on this architecture"
+#endif
+  ScopedSubnormals(const ScopedSubnormals&) = delete;
+  ScopedSubnormals& operator=(const ScopedSubnormals&) = delete;
+};
 
 template <typename Fn>
 void ParallelFor(int64_t count, Fn&& fn) {
@@ -34,6 +72,7 @@ void ParallelFor(int64_t count, Fn&& fn) {
   }
   std::atomic<int64_t> next{0};
   auto work = [&] {
+    ScopedSubnormals ieee;  // every thread that computes, the caller included
     for (int64_t i = next.fetch_add(1); i < count; i = next.fetch_add(1)) fn(i);
   };
   std::vector<std::thread> threads;
@@ -49,56 +88,112 @@ inline float AbsMax(float acc, float x) {
   return (std::isnan(ax) || ax > acc) ? ax : acc;
 }
 
-// Dequantizes `rows` rows of one operand of one batch item into fp32, K padded to `k_pad`
-// with zeros; rows past `rows` (up to the padded row count) are zero.
-void Dequantize(const GemmAmaxProblem& p, const uint8_t* values, const uint8_t* scales, int64_t rows,
-                int64_t row, int64_t k_pad, float* out) {
-  const int64_t row_bytes = p.operand_row_bytes();
-  const int64_t sfv = p.sf_vec_size;
-  const int64_t k_blocks = p.k_blocks();
-  if (row >= rows) {
-    std::memset(out, 0, sizeof(float) * k_pad);
-    return;
-  }
-  const uint8_t* src = values + row * row_bytes;
-  for (int64_t g = 0; g < p.k_groups(); ++g) {
-    const float scale = DecodeScale(p.sf_type, scales[ScaleOffset(row, g, k_blocks)]);
-    float* dst = out + g * sfv;
-    if (p.fp4_operands()) {
-      const uint8_t* s = src + g * sfv / 2;
-      for (int64_t i = 0; i < sfv / 2; ++i) {
-        dst[2 * i] = DecodeE2M1(s[i] & 0xF) * scale;
-        dst[2 * i + 1] = DecodeE2M1(s[i] >> 4) * scale;
-      }
-    } else {
-      const uint8_t* s = src + g * sfv;
-      for (int64_t i = 0; i < sfv; ++i) dst[i] = DecodeOperand(p.ab_type, s[i]) * scale;
-    }
-  }
-  std::memset(out + p.k, 0, sizeof(float) * (k_pad - p.k));
+inline float Pow2(int e) { return std::ldexp(1.0f, e); }  // e in [-64, 64]: a normal float
+
+// A scale as two factors whose products with the other operand's factors split the combined
+// scale in halves (numerics.h): e8m0 2^e gives (2^floor(e/2), 2^ceil(e/2)) on A and
+// (2^ceil(e/2), 2^floor(e/2)) on B, so A1*B1 and A2*B2 are 2^floor(E/2) and 2^ceil(E/2), in some
+// order (E = ea + eb), each in [2^-127, 2^127]: whole vectors of them per group cost two
+// multiplies. e4m3 scales (sa * sb is exact and in range) use the first factor alone.
+struct ScalePair {
+  float first, second;
+};
+
+inline ScalePair SplitScale(ScaleType type, uint8_t byte, bool is_a) {
+  if (type == ScaleType::kE4M3) return {DecodeE4M3(byte), 1.0f};
+  if (byte == 0xFF) return {NAN, NAN};
+  const int e = static_cast<int>(byte) - 127;
+  const int lo = e >> 1, hi = e - lo;
+  return is_a ? ScalePair{Pow2(lo), Pow2(hi)} : ScalePair{Pow2(hi), Pow2(lo)};
 }
 
-// acc[r][c] += dot(a[r], b[c]) over `k_len` (a multiple of kVec) floats.
+// One operand of one batch item, decoded and packed: panels of `width` rows (kMR for A, kNR for
+// B), values [panel][k][width] and scale factors [panel][group][width]. Rows past `rows` are zero
+// with unit scales.
+struct Packed {
+  std::vector<float> values, scale1, scale2;
+};
+
+void PackPanel(const GemmAmaxProblem& p, const uint8_t* values, const uint8_t* scales, int64_t rows, int64_t width,
+               bool is_a, int64_t panel, Packed* out) {
+  const int64_t row_bytes = p.operand_row_bytes();
+  const int64_t groups = p.k_groups();
+  const int64_t k_blocks = p.k_blocks();
+  float* dst = out->values.data() + panel * p.k * width;
+  float* s1 = out->scale1.data() + panel * groups * width;
+  float* s2 = out->scale2.data() + panel * groups * width;
+  for (int64_t w = 0; w < width; ++w) {
+    const int64_t row = panel * width + w;
+    if (row >= rows) {
+      for (int64_t k = 0; k < p.k; ++k) dst[k * width + w] = 0.0f;
+      for (int64_t g = 0; g < groups; ++g) s1[g * width + w] = s2[g * width + w] = 1.0f;
+      continue;
+    }
+    const uint8_t* src = values + row * row_bytes;
+    if (p.fp4_operands()) {
+      for (int64_t i = 0; i < p.k / 2; ++i) {
+        dst[2 * i * width + w] = DecodeE2M1(src[i] & 0xF);
+        dst[(2 * i + 1) * width + w] = DecodeE2M1(src[i] >> 4);
+      }
+    } else {
+      for (int64_t k = 0; k < p.k; ++k) dst[k * width + w] = DecodeOperand(p.ab_type, src[k]);
+    }
+    for (int64_t g = 0; g < groups; ++g) {
+      const ScalePair s = SplitScale(p.sf_type, scales[ScaleOffset(row, g, k_blocks)], is_a);
+      s1[g * width + w] = s.first;
+      s2[g * width + w] = s.second;
+    }
+  }
+}
+
+// out[r][c] += sum over `groups` groups g of blockdot_g(r, c) * (A1 B1)(g) * (A2 B2)(g), for a
+// kMR x kNR block; a, b, a_s*, b_s* point at the first group's values and scale factors of
+// the A and B panels.
+template <int kSfv, bool kTwoFactors>
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 __attribute__((target_clones("arch=x86-64-v3", "default")))
 #endif
-void MicroKernel(const float* a, const float* b, int64_t ld, int64_t k_len, float* out, int64_t ld_out) {
-  Vec8 acc[kMR][kNR] = {};
-  for (int64_t k = 0; k < k_len; k += kVec) {
-    Vec8 av[kMR];
-    for (int64_t r = 0; r < kMR; ++r) std::memcpy(&av[r], a + r * ld + k, sizeof(Vec8));
-    for (int64_t c = 0; c < kNR; ++c) {
-      Vec8 bv;
-      std::memcpy(&bv, b + c * ld + k, sizeof(Vec8));
-      for (int64_t r = 0; r < kMR; ++r) acc[r][c] += av[r] * bv;
+void MicroKernel(const float* a, const float* b, const float* a_s1, const float* a_s2, const float* b_s1,
+                 const float* b_s2, int64_t groups, float* out, int64_t ld_out) {
+  for (int64_t g = 0; g < groups; ++g) {
+    Vec8 acc[kMR][2] = {};
+    for (int k = 0; k < kSfv; ++k) {
+      Vec8 b0, b1;
+      std::memcpy(&b0, b, sizeof(Vec8));
+      std::memcpy(&b1, b + kVec, sizeof(Vec8));
+      for (int64_t r = 0; r < kMR; ++r) {
+        acc[r][0] += a[r] * b0;
+        acc[r][1] += a[r] * b1;
+      }
+      a += kMR;
+      b += kNR;
     }
+    Vec8 s1[2], s2[2], total;
+    std::memcpy(s1, b_s1, sizeof(s1));
+    std::memcpy(s2, b_s2, sizeof(s2));
+    for (int64_t r = 0; r < kMR; ++r) {
+      for (int64_t h = 0; h < 2; ++h) {
+        Vec8 term = acc[r][h] * (a_s1[r] * s1[h]);
+        if (kTwoFactors) term *= a_s2[r] * s2[h];
+        float* o = out + r * ld_out + h * kVec;
+        std::memcpy(&total, o, sizeof(Vec8));
+        total += term;
+        std::memcpy(o, &total, sizeof(Vec8));
+      }
+    }
+    a_s1 += kMR;
+    a_s2 += kMR;
+    b_s1 += kNR;
+    b_s2 += kNR;
   }
-  for (int64_t r = 0; r < kMR; ++r)
-    for (int64_t c = 0; c < kNR; ++c) {
-      float s = 0.0f;
-      for (int64_t v = 0; v < kVec; ++v) s += acc[r][c][v];
-      out[r * ld_out + c] += s;
-    }
+}
+
+using MicroKernelFn = void (*)(const float*, const float*, const float*, const float*, const float*, const float*,
+                               int64_t, float*, int64_t);
+
+MicroKernelFn PickMicroKernel(const GemmAmaxProblem& p) {
+  if (p.sf_type == ScaleType::kE4M3) return MicroKernel<16, false>;  // NVFP4: sf_vec_size 16
+  return p.sf_vec_size == 16 ? MicroKernel<16, true> : MicroKernel<32, true>;
 }
 
 // Writes one row of fp32 sums to C in the output dtype.
@@ -119,7 +214,7 @@ void StoreRow(OutputType type, const float* src, int64_t count, void* dst_row, i
     case OutputType::kE5M2:
       for (int64_t j = 0; j < count; ++j) static_cast<uint8_t*>(dst_row)[col0 + j] = EncodeE5M2(src[j]);
       break;
-    case OutputType::kE2M1x2:  // col0 and count are even (tiles are multiples of 4, N is even)
+    case OutputType::kE2M1x2:  // col0 and count are even (tiles are multiples of 16, N is even)
       for (int64_t j = 0; j < count; j += 2) {
         const uint8_t lo = EncodeE2M1(src[j]);
         const uint8_t hi = j + 1 < count ? EncodeE2M1(src[j + 1]) : 0;
@@ -132,17 +227,25 @@ void StoreRow(OutputType type, const float* src, int64_t count, void* dst_row, i
 }  // namespace
 
 void Run(const GemmAmaxProblem& p, const GemmAmaxBuffers& buf) {
-  const int64_t m_pad = CeilDiv(p.m, kMR) * kMR;
-  const int64_t n_pad = CeilDiv(p.n, kNR) * kNR;
-  const int64_t k_pad = CeilDiv(p.k, kVec) * kVec;
+  ScopedSubnormals ieee;  // the calling thread's share of the work and the amax reduction below
+  const int64_t a_panels = CeilDiv(p.m, kMR);
+  const int64_t b_panels = CeilDiv(p.n, kNR);
+  const int64_t m_pad = a_panels * kMR;
+  const int64_t n_pad = b_panels * kNR;
+  const int64_t groups = p.k_groups();
+  const int64_t sfv = p.sf_vec_size;
   const int64_t row_bytes = p.operand_row_bytes();
   const auto* a_bytes = static_cast<const uint8_t*>(buf.a);
   const auto* b_bytes = static_cast<const uint8_t*>(buf.b);
   const auto* sfa_bytes = static_cast<const uint8_t*>(buf.sfa);
   const auto* sfb_bytes = static_cast<const uint8_t*>(buf.sfb);
+  const MicroKernelFn micro_kernel = PickMicroKernel(p);
 
-  std::vector<float> a_f32(static_cast<size_t>(m_pad * k_pad));
-  std::vector<float> b_f32(static_cast<size_t>(n_pad * k_pad));
+  Packed a_pack, b_pack;
+  a_pack.values.resize(static_cast<size_t>(m_pad * p.k));
+  b_pack.values.resize(static_cast<size_t>(n_pad * p.k));
+  for (auto* v : {&a_pack.scale1, &a_pack.scale2}) v->resize(static_cast<size_t>(m_pad * groups));
+  for (auto* v : {&b_pack.scale1, &b_pack.scale2}) v->resize(static_cast<size_t>(n_pad * groups));
   const int64_t tiles_m = CeilDiv(p.m, kTileM);
   const int64_t tiles_n = CeilDiv(p.n, kTileN);
   std::vector<float> tile_amax(static_cast<size_t>(tiles_m * tiles_n));
@@ -153,12 +256,11 @@ void Run(const GemmAmaxProblem& p, const GemmAmaxBuffers& buf) {
     const uint8_t* b_l = b_bytes + l * p.n * row_bytes;
     const uint8_t* sfa_l = sfa_bytes + l * p.scale_batch_stride(p.m);
     const uint8_t* sfb_l = sfb_bytes + l * p.scale_batch_stride(p.n);
-    ParallelFor(m_pad + n_pad, [&](int64_t r) {
-      if (r < m_pad) {
-        Dequantize(p, a_l, sfa_l, p.m, r, k_pad, a_f32.data() + r * k_pad);
+    ParallelFor(a_panels + b_panels, [&](int64_t panel) {
+      if (panel < a_panels) {
+        PackPanel(p, a_l, sfa_l, p.m, kMR, /*is_a=*/true, panel, &a_pack);
       } else {
-        r -= m_pad;
-        Dequantize(p, b_l, sfb_l, p.n, r, k_pad, b_f32.data() + r * k_pad);
+        PackPanel(p, b_l, sfb_l, p.n, kNR, /*is_a=*/false, panel - a_panels, &b_pack);
       }
     });
 
@@ -169,12 +271,22 @@ void Run(const GemmAmaxProblem& p, const GemmAmaxBuffers& buf) {
       const int64_t i1 = std::min(i0 + kTileM, m_pad);
       const int64_t j1 = std::min(j0 + kTileN, n_pad);
       float acc[kTileM * kTileN] = {};
-      for (int64_t k0 = 0; k0 < k_pad; k0 += kBlockK) {
-        const int64_t k_len = std::min(kBlockK, k_pad - k0);
-        for (int64_t i = i0; i < i1; i += kMR)
-          for (int64_t j = j0; j < j1; j += kNR)
-            MicroKernel(a_f32.data() + i * k_pad + k0, b_f32.data() + j * k_pad + k0, k_pad, k_len,
-                        acc + (i - i0) * kTileN + (j - j0), kTileN);
+      for (int64_t k0 = 0; k0 < p.k; k0 += kBlockK) {
+        const int64_t g0 = k0 / sfv;
+        const int64_t block_groups = std::min(kBlockK, p.k - k0) / sfv;
+        for (int64_t i = i0; i < i1; i += kMR) {
+          const int64_t pa = i / kMR;
+          const float* a = a_pack.values.data() + (pa * p.k + k0) * kMR;
+          const float* a_s1 = a_pack.scale1.data() + (pa * groups + g0) * kMR;
+          const float* a_s2 = a_pack.scale2.data() + (pa * groups + g0) * kMR;
+          for (int64_t j = j0; j < j1; j += kNR) {
+            const int64_t pb = j / kNR;
+            micro_kernel(a, b_pack.values.data() + (pb * p.k + k0) * kNR, a_s1, a_s2,
+                         b_pack.scale1.data() + (pb * groups + g0) * kNR,
+                         b_pack.scale2.data() + (pb * groups + g0) * kNR, block_groups,
+                         acc + (i - i0) * kTileN + (j - j0), kTileN);
+          }
+        }
       }
       float amax = 0.0f;
       const int64_t rows = std::min(i1, p.m) - i0;

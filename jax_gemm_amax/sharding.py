@@ -164,7 +164,7 @@ def _local_gemm_amax(a, b, sfa, sfb, c_dtype, sf_vec_size, tile_m, tile_n, clust
 def _plan_from_shapes(c_dtype, sf_vec_size, mesh, arg_shapes, c_sharding):
     a, b = arg_shapes[0], arg_shapes[1]
     k = a.shape[2] * (2 if np.dtype(a.dtype) == PACKED_FP4 else 1)
-    a_axes, b_axes, c_axes = (_dim_axes(mesh, 3, sharding) for sharding in (a.sharding, b.sharding, c_sharding))
+    a_axes, b_axes, c_axes = (_dim_axes(mesh, 3, s) for s in (a.sharding, b.sharding, c_sharding))
     return _plan(mesh, a.shape, b.shape, k // sf_vec_size, c_dtype, a_axes, b_axes, c_axes)
 
 
@@ -243,9 +243,10 @@ def _sharding_rule(c_dtype, sf_vec_size, tile_m, tile_n, cluster_m, cluster_n, m
         k_fac, sf_k = "(kb kr)", "kb"
     else:
         k_fac, sf_k = "k", "kg"
-    atom = "i j q"
+    # The (32, 4, 4) atoms inside a block: their own factors per operand (sfa's and sfb's are
+    # unrelated; one shared factor would carry a split of sfa's atom over to sfb and so to b).
     rule = (
-        f"l {a_rows} {k_fac}, l {b_rows} {k_fac}, l {sfa_rows} {sf_k} {atom}, l {sfb_rows} {sf_k} {atom}"
+        f"l {a_rows} {k_fac}, l {b_rows} {k_fac}, l {sfa_rows} {sf_k} ai aj aq, l {sfb_rows} {sf_k} bi bj bq"
         f" -> l {a_rows} {c_cols}, l"
     )
     return rule, sizes

@@ -231,7 +231,10 @@ FEW_BLOCKS = [
     for devices, blocks in [(4, 2), (4, 4), (4, 6), (8, 4), (8, 8), (8, 12)]
 ] + [("L", 4, 2), ("L", 8, 8), ("L", 8, 12)]
 FEW_BLOCKS_EXPLICIT = [("M", 4, 6), ("N", 4, 2), ("N", 8, 4), ("M", 8, 12)]
-_ids = lambda cases: [f"{d}-{n}dev-{b}blocks" for d, n, b in cases]
+
+
+def _ids(cases):
+    return [f"{d}-{n}dev-{b}blocks" for d, n, b in cases]
 
 
 def _few_blocks_problem(rng, dim, devices, blocks):
@@ -258,9 +261,16 @@ def _quantize_and_gemm(x, w):
     return jga.gemm_amax(qa, qb, sfa, sfb, c_dtype=jnp.float32)
 
 
-def _check_few_blocks(compiled, result, x, w, dim, devices, blocks, size):
-    """C against the float64 oracle of the operands quantized on one device; each device's kernel
-    gets `dim` split where every shard owns whole scale blocks, else whole."""
+def _local_sizes(size, dim, devices, blocks):
+    """Each device's (L, M, N, K) for a and for b: `dim` split where every shard owns whole scale
+    blocks, else whole."""
+    split = size[dim] // devices if blocks % devices == 0 else size[dim]
+    return dict(size, **({dim: split} if dim in "LMK" else {})), dict(size, **({dim: split} if dim in "LNK" else {}))
+
+
+def _check_few_blocks(compiled, result, x, w, a, b):
+    """C against the float64 oracle of the operands quantized on one device; a and b: the
+    (L, M, N, K) sizes each device's kernel call must get."""
     c, amax = result
     with jax.default_device(jax.devices()[0]):
         operands = (*jga.quantize(x, "mxfp8_e4m3"), *jga.quantize(w, "mxfp8_e4m3"))
@@ -268,9 +278,6 @@ def _check_few_blocks(compiled, result, x, w, dim, devices, blocks, size):
     npref.assert_c_close(np.asarray(c), "float32", ref, abssum)
     np.testing.assert_allclose(float(amax), np.max(ref_amax), rtol=1e-5)
 
-    split = size[dim] // devices if blocks % devices == 0 else size[dim]
-    a = dict(size, **({dim: split} if dim in "LMK" else {}))
-    b = dict(size, **({dim: split} if dim in "LNK" else {}))
     call = _custom_call_operand_shapes(compiled.as_text())[0]
     layouts = call.split("operand_layout_constraints={")[1]
     local = [tuple(int(v) for v in dims.split(",")) for dims in re.findall(r"\[([0-9,]+)\]", layouts)[:4]]
@@ -296,7 +303,7 @@ def test_dim_over_fewer_or_indivisible_scale_blocks(rng, dim, devices, blocks):
         return _quantize_and_gemm(x, w)
 
     compiled = jax.jit(f).lower(x, w).compile()
-    _check_few_blocks(compiled, compiled(x, w), x, w, dim, devices, blocks, size)
+    _check_few_blocks(compiled, compiled(x, w), x, w, *_local_sizes(size, dim, devices, blocks))
 
 
 @pytest.mark.parametrize("dim,devices,blocks", FEW_BLOCKS_EXPLICIT, ids=_ids(FEW_BLOCKS_EXPLICIT))
@@ -307,15 +314,33 @@ def test_explicit_mesh_dim_over_fewer_or_indivisible_scale_blocks(rng, dim, devi
     explicit = (jax.sharding.AxisType.Explicit,)
     mesh = jax.make_mesh((devices,), ("d",), axis_types=explicit, devices=jax.devices()[:devices])
     with jax.set_mesh(mesh):
-        args = jax.device_put(x, NamedSharding(mesh, P(*x_spec))), jax.device_put(w, NamedSharding(mesh, P(*w_spec)))
+        args = (jax.device_put(x, NamedSharding(mesh, P(*x_spec))), jax.device_put(w, NamedSharding(mesh, P(*w_spec))))
         compiled = jax.jit(_quantize_and_gemm).lower(*args).compile()
         result = compiled(*args)
-    _check_few_blocks(compiled, result, x, w, dim, devices, blocks, size)
+    _check_few_blocks(compiled, result, x, w, *_local_sizes(size, dim, devices, blocks))
+
+
+def test_m_over_fewer_blocks_beside_n_over_whole_blocks(rng):
+    """On the (4, 2) mesh: M of 2 blocks over x runs whole, N of 2 blocks over y stays split (a
+    block per shard), though quantize's layout splits M's scale tensor inside its blocks."""
+    if (SX, SY) != (4, 2):
+        pytest.skip("needs the (4, 2) mesh")
+    x = rng.normal(size=(1, 256, 128)).astype(np.float32)
+    w = rng.normal(size=(1, 256, 128)).astype(np.float32)
+
+    def f(x, w):
+        x = jax.lax.with_sharding_constraint(x, NamedSharding(MESH, P(None, "x")))
+        w = jax.lax.with_sharding_constraint(w, NamedSharding(MESH, P(None, "y")))
+        return _quantize_and_gemm(x, w)
+
+    compiled = jax.jit(f).lower(x, w).compile()
+    size = dict(L=1, M=256, N=256, K=128)
+    _check_few_blocks(compiled, compiled(x, w), x, w, size, dict(size, N=128))
 
 
 def test_few_scale_blocks_with_gspmd_propagation():
     """The same calls under the GSPMD partitioner (jax_use_shardy_partitioner off), in a
-    subprocess: there a sharding the rule cannot read aborts the process."""
+    subprocess: under GSPMD a partitioner callback that raises aborts the process (an XLA check)."""
     if len(jax.devices()) < 8 or not hasattr(jax.config, "jax_use_shardy_partitioner"):
         pytest.skip("needs 8 devices and a jax with the GSPMD partitioner")
     ids = ["M-4dev-6blocks", "N-8dev-4blocks", "K-4dev-2blocks"]

@@ -5,7 +5,8 @@ How a sharded call runs (decided in :func:`_plan`, from the operands' shardings)
 * L, M and N shard without communication. Scales follow their operand: the physical scale
   tensor's row-block dim is the major part of M (or N), its K-block dim the major part of K, so
   a dim is kept sharded only where every shard owns whole 128-row (or 4-group) scale blocks;
-  otherwise it is replicated (XLA reshards the operand).
+  otherwise it is replicated (XLA reshards the operand). So is a dim split in a way no tuple of
+  whole mesh axes describes (fewer blocks than shards, where Shardy may split a mesh axis).
 * K sharding computes each shard's partial C in fp32, sums it across the K axes (``psum``, or
   ``psum_scatter`` when the requested output is sharded along those axes over M or N), and
   only then takes amax and rounds to ``c_dtype``: amax is that of the full sum.
@@ -18,6 +19,8 @@ reduces amax with ``jax.lax.pmax``.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import itertools
 import math
 
 import jax
@@ -33,12 +36,6 @@ from ._problem import PACKED_FP4, SCALE_GROUPS_PER_BLOCK, SCALE_ROWS_PER_BLOCK
 from .primitive import PARAMS, gemm_amax_ffi_p, gemm_amax_p
 
 
-def _axes(entry) -> tuple[str, ...]:
-    if entry is None:
-        return ()
-    return (entry,) if isinstance(entry, str) else tuple(entry)
-
-
 def _entry(axes: tuple[str, ...]):
     if not axes:
         return None
@@ -47,6 +44,43 @@ def _entry(axes: tuple[str, ...]):
 
 def _size(mesh, axes) -> int:
     return math.prod(mesh.shape[a] for a in axes)
+
+
+def _dim_axes(mesh, ndim, sharding) -> tuple[tuple[str, ...], ...]:
+    """The mesh axes (major first) that split each dim of an operand; () for a dim kept whole or
+    split in a way no tuple of whole mesh axes describes (Shardy's sub-axes, such as half of a
+    4-way axis over a dim of 2 scale blocks). The partitioner takes raw shardings
+    (``decode_shardings=False``): JAX cannot write such a split as a PartitionSpec and would fail
+    before the rule runs, even for operands whose sharding the rule replaces anyway."""
+    if sharding is None:
+        return ((),) * ndim
+    # Which shard each device holds does not depend on the dim sizes; this probe shape is one that
+    # every tiling divides (a dim may be split unevenly, which devices_indices_map refuses).
+    index = sharding.devices_indices_map((mesh.size,) * ndim)
+    coords = {dev: dict(zip(mesh.axis_names, pos)) for pos, dev in np.ndenumerate(mesh.devices)}
+    if not set(index) <= set(coords):
+        return ((),) * ndim
+    axes_in_use = [a for a in mesh.axis_names if mesh.shape[a] > 1]
+
+    def shard_index(coord, axes):
+        return functools.reduce(lambda i, a: i * mesh.shape[a] + coord[a], axes, 0)
+
+    result = []
+    for d in range(ndim):
+        starts = {dev: slices[d].start or 0 for dev, slices in index.items()}
+        shard = {start: i for i, start in enumerate(sorted(set(starts.values())))}
+        candidates = [
+            axes
+            for r in range(1, len(axes_in_use) + 1)
+            for axes in itertools.permutations(axes_in_use, r)
+            if len(shard) > 1 and _size(mesh, axes) == len(shard)
+        ]
+        result.append(next(
+            (axes for axes in candidates
+             if all(shard[start] == shard_index(coords[dev], axes) for dev, start in starts.items())),
+            (),
+        ))
+    return tuple(result)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,17 +113,12 @@ class _Plan:
         return (NamedSharding(mesh, P(_entry(self.l), _entry(m), _entry(n))), NamedSharding(mesh, P(_entry(self.l))))
 
 
-def _spec(sharding, ndim):
-    spec = tuple(getattr(sharding, "spec", ())) if sharding is not None else ()
-    return spec + (None,) * (ndim - len(spec))
-
-
-def _plan(mesh, a_shape, b_shape, k_groups, c_dtype, a_sharding, b_sharding, c_sharding) -> _Plan:
+def _plan(mesh, a_shape, b_shape, k_groups, c_dtype, a_axes, b_axes, c_axes) -> _Plan:
+    """``*_axes``: per dim, the mesh axes that split it (:func:`_dim_axes`)."""
     batch, m, _ = a_shape
     n = b_shape[1]
-    l_a, m_a, k_a = _spec(a_sharding, 3)
-    _, n_b, k_b = _spec(b_sharding, 3)
-    l_axes = _axes(l_a)
+    l_axes, m_a, k_a = a_axes
+    _, n_b, k_b = b_axes
     if batch % _size(mesh, l_axes):
         l_axes = ()
     used = set(l_axes)
@@ -100,12 +129,12 @@ def _plan(mesh, a_shape, b_shape, k_groups, c_dtype, a_sharding, b_sharding, c_s
         used.update(axes)
         return axes
 
-    m_axes = keep(_axes(m_a), m)
-    n_axes = keep(_axes(n_b), n)
-    k_axes = _axes(k_a)
+    m_axes = keep(m_a, m)
+    n_axes = keep(n_b, n)
+    k_axes = k_a
     if (
         not k_axes
-        or k_axes != _axes(k_b)
+        or k_axes != k_b
         or used & set(k_axes)
         or k_groups % (SCALE_GROUPS_PER_BLOCK * _size(mesh, k_axes))
     ):
@@ -113,12 +142,12 @@ def _plan(mesh, a_shape, b_shape, k_groups, c_dtype, a_sharding, b_sharding, c_s
 
     scatter_dim = None
     if k_axes:
-        _, m_c, n_c = _spec(c_sharding, 3)
+        _, m_c, n_c = c_axes
         k_size = _size(mesh, k_axes)
         packed = np.dtype(c_dtype) == PACKED_FP4
-        if _axes(m_c) == k_axes and not m_axes and m % k_size == 0:
+        if m_c == k_axes and not m_axes and m % k_size == 0:
             scatter_dim = 1
-        elif _axes(n_c) == k_axes and not n_axes and n % (k_size * (2 if packed else 1)) == 0:
+        elif n_c == k_axes and not n_axes and n % (k_size * (2 if packed else 1)) == 0:
             scatter_dim = 2
     return _Plan(l_axes, m_axes, n_axes, k_axes, scatter_dim)
 
@@ -135,7 +164,8 @@ def _local_gemm_amax(a, b, sfa, sfb, c_dtype, sf_vec_size, tile_m, tile_n, clust
 def _plan_from_shapes(c_dtype, sf_vec_size, mesh, arg_shapes, c_sharding):
     a, b = arg_shapes[0], arg_shapes[1]
     k = a.shape[2] * (2 if np.dtype(a.dtype) == PACKED_FP4 else 1)
-    return _plan(mesh, a.shape, b.shape, k // sf_vec_size, c_dtype, a.sharding, b.sharding, c_sharding)
+    a_axes, b_axes, c_axes = (_dim_axes(mesh, 3, s) for s in (a.sharding, b.sharding, c_sharding))
+    return _plan(mesh, a.shape, b.shape, k // sf_vec_size, c_dtype, a_axes, b_axes, c_axes)
 
 
 def _infer_sharding_from_operands(c_dtype, sf_vec_size, tile_m, tile_n, cluster_m, cluster_n, mesh, arg_shapes, result_shape):
@@ -180,16 +210,23 @@ def _shape(ir_type) -> tuple[int, ...]:
 
 
 def _sharding_rule(c_dtype, sf_vec_size, tile_m, tile_n, cluster_m, cluster_n, mesh, operand_types, result_types):
-    """Einsum-like Shardy rule. Where M (N, K) is a whole number of scale blocks it is a compound
-    factor whose major part is the scale tensor's block dim, so sharding one shards the other."""
+    """Einsum-like Shardy rule. Where M (N, K) is a whole number of scale blocks, and every way of
+    sharding it over the mesh leaves whole blocks, it is a compound factor whose major part is the
+    scale tensor's block dim, so sharding one shards the other."""
     a, _, sfa, sfb = (_shape(t) for t in operand_types)
     c = _shape(result_types[0])
     m, kb = a[1], a[2]
     n = _shape(operand_types[1])[1]
     sizes = {}
 
+    def linked(block_count):
+        # Every product of mesh axes divides the block count: elsewhere Shardy would split an axis
+        # to fit the blocks (half of a 4-way axis over 2 blocks) and shard the operand inside a
+        # block. Shardy also takes no size-1 factors.
+        return block_count > 1 and block_count % mesh.size == 0
+
     def rows(name, count, block_count, minor_name, minor_size):
-        if block_count > 1 and block_count * SCALE_ROWS_PER_BLOCK == count:  # Shardy: no size-1 parts
+        if linked(block_count) and block_count * SCALE_ROWS_PER_BLOCK == count:
             sizes[minor_name] = minor_size
             return f"({name}b {minor_name})"
         return f"{name}"
@@ -201,14 +238,15 @@ def _sharding_rule(c_dtype, sf_vec_size, tile_m, tile_n, cluster_m, cluster_n, m
     sfb_rows = "nb" if b_rows.startswith("(") else "na"
     k_blocks = sfa[2]
     k_elems = kb * 2 if _is_packed(operand_types[0]) else kb
-    if k_blocks > 1 and k_blocks * SCALE_GROUPS_PER_BLOCK * sf_vec_size == k_elems:
+    if linked(k_blocks) and k_blocks * SCALE_GROUPS_PER_BLOCK * sf_vec_size == k_elems:
         sizes["kr"] = kb // k_blocks
         k_fac, sf_k = "(kb kr)", "kb"
     else:
         k_fac, sf_k = "k", "kg"
-    atom = "i j q"
+    # The (32, 4, 4) atoms inside a block: their own factors per operand (sfa's and sfb's are
+    # unrelated; one shared factor would carry a split of sfa's atom over to sfb and so to b).
     rule = (
-        f"l {a_rows} {k_fac}, l {b_rows} {k_fac}, l {sfa_rows} {sf_k} {atom}, l {sfb_rows} {sf_k} {atom}"
+        f"l {a_rows} {k_fac}, l {b_rows} {k_fac}, l {sfa_rows} {sf_k} ai aj aq, l {sfb_rows} {sf_k} bi bj bq"
         f" -> l {a_rows} {c_cols}, l"
     )
     return rule, sizes
@@ -223,6 +261,7 @@ _partitioned = custom_partitioning(_local_gemm_amax, static_argnums=tuple(range(
 _partitioned.def_partition(
     partition=_partition,
     infer_sharding_from_operands=_infer_sharding_from_operands,
+    decode_shardings=False,
     sharding_rule=_sharding_rule,
 )
 

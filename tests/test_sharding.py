@@ -3,6 +3,9 @@ default backend has elsewhere (one GPU: a (1, 1) mesh, where the rule must still
 
 import functools
 import os
+import re
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -212,3 +215,140 @@ def test_explicit_mesh_quantize_gemm_dequantize(rng, fmt, spec):
     # K-sharded runs sum the partial products in another order.
     np.testing.assert_allclose(np.asarray(c), np.asarray(ref_c), rtol=1e-5, atol=1e-4 * float(ref_amax))
     assert abs(float(amax) - float(ref_amax)) <= 1e-5 * float(ref_amax)
+
+
+
+
+# ---------------------------------------------------------------------------------------------
+# A dim sharded over more shards than it has scale blocks, or over a count that does not divide
+# them: the rule replicates it rather than split a 128-row (4-group) block, and the call runs.
+
+# (dim, devices, scale blocks along it): fewer blocks than devices, as many, a count the device
+# number does not divide. An L block is one batch item.
+FEW_BLOCKS = [
+    (dim, devices, blocks)
+    for dim in "MNK"
+    for devices, blocks in [(4, 2), (4, 4), (4, 6), (8, 4), (8, 8), (8, 12)]
+] + [("L", 4, 2), ("L", 8, 8), ("L", 8, 12)]
+FEW_BLOCKS_EXPLICIT = [("M", 4, 6), ("N", 4, 2), ("N", 8, 4), ("M", 8, 12)]
+
+
+def _ids(cases):
+    return [f"{d}-{n}dev-{b}blocks" for d, n, b in cases]
+
+
+def _few_blocks_problem(rng, dim, devices, blocks):
+    """Float inputs x (L, M, K), w (L, N, K) with `blocks` scale blocks along `dim`, and the
+    specs that split `dim` over a 1-D mesh axis "d"."""
+    if len(jax.devices()) < devices:
+        pytest.skip(f"needs {devices} devices")
+    size = {"L": 1, "M": 64, "N": 64, "K": 128}
+    size[dim] = blocks * {"L": 1, "M": 128, "N": 128, "K": 4 * 32}[dim]
+    x = rng.normal(size=(size["L"], size["M"], size["K"])).astype(np.float32)
+    w = rng.normal(size=(size["L"], size["N"], size["K"])).astype(np.float32)
+    specs = {
+        "L": (("d",), ("d",)),
+        "M": ((None, "d"), ()),
+        "N": ((), (None, "d")),
+        "K": ((None, None, "d"), (None, None, "d")),
+    }[dim]
+    return x, w, specs, size
+
+
+def _quantize_and_gemm(x, w):
+    qa, sfa = jga.quantize(x, "mxfp8_e4m3")
+    qb, sfb = jga.quantize(w, "mxfp8_e4m3")
+    return jga.gemm_amax(qa, qb, sfa, sfb, c_dtype=jnp.float32)
+
+
+def _local_sizes(size, dim, devices, blocks):
+    """Each device's (L, M, N, K) for a and for b: `dim` split where every shard owns whole scale
+    blocks, else whole."""
+    split = size[dim] // devices if blocks % devices == 0 else size[dim]
+    return dict(size, **({dim: split} if dim in "LMK" else {})), dict(size, **({dim: split} if dim in "LNK" else {}))
+
+
+def _check_few_blocks(compiled, result, x, w, a, b):
+    """C against the float64 oracle of the operands quantized on one device; a and b: the
+    (L, M, N, K) sizes each device's kernel call must get."""
+    c, amax = result
+    with jax.default_device(jax.devices()[0]):
+        operands = (*jga.quantize(x, "mxfp8_e4m3"), *jga.quantize(w, "mxfp8_e4m3"))
+    ref, abssum, ref_amax = npref.gemm_amax_f64(*(np.asarray(operands[i]) for i in (0, 2, 1, 3)), 32)
+    npref.assert_c_close(np.asarray(c), "float32", ref, abssum)
+    np.testing.assert_allclose(float(amax), np.max(ref_amax), rtol=1e-5)
+
+    call = _custom_call_operand_shapes(compiled.as_text())[0]
+    layouts = call.split("operand_layout_constraints={")[1]
+    local = [tuple(int(v) for v in dims.split(",")) for dims in re.findall(r"\[([0-9,]+)\]", layouts)[:4]]
+    scales = lambda batch, rows, k: (batch, -(-rows // 128), -(-k // (4 * 32)), 32, 4, 4)
+    assert local == [
+        (a["L"], a["M"], a["K"]),
+        (b["L"], b["N"], b["K"]),
+        scales(a["L"], a["M"], a["K"]),
+        scales(b["L"], b["N"], b["K"]),
+    ], call
+
+
+@pytest.mark.parametrize("dim,devices,blocks", FEW_BLOCKS, ids=_ids(FEW_BLOCKS))
+def test_dim_over_fewer_or_indivisible_scale_blocks(rng, dim, devices, blocks):
+    """quantize and gemm_amax in one jit, the float inputs constrained to split one dim (a
+    constraint, like propagation, may split a dim unevenly: L = 2 over 4 devices)."""
+    x, w, (x_spec, w_spec), size = _few_blocks_problem(rng, dim, devices, blocks)
+    mesh = Mesh(np.array(jax.devices()[:devices]), ("d",))
+
+    def f(x, w):
+        x = jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P(*x_spec)))
+        w = jax.lax.with_sharding_constraint(w, NamedSharding(mesh, P(*w_spec)))
+        return _quantize_and_gemm(x, w)
+
+    compiled = jax.jit(f).lower(x, w).compile()
+    _check_few_blocks(compiled, compiled(x, w), x, w, *_local_sizes(size, dim, devices, blocks))
+
+
+@pytest.mark.parametrize("dim,devices,blocks", FEW_BLOCKS_EXPLICIT, ids=_ids(FEW_BLOCKS_EXPLICIT))
+def test_explicit_mesh_dim_over_fewer_or_indivisible_scale_blocks(rng, dim, devices, blocks):
+    if not hasattr(jax.sharding, "AxisType") or not hasattr(jax, "set_mesh"):
+        pytest.skip("this jax has no explicit sharding")
+    x, w, (x_spec, w_spec), size = _few_blocks_problem(rng, dim, devices, blocks)
+    explicit = (jax.sharding.AxisType.Explicit,)
+    mesh = jax.make_mesh((devices,), ("d",), axis_types=explicit, devices=jax.devices()[:devices])
+    with jax.set_mesh(mesh):
+        args = (jax.device_put(x, NamedSharding(mesh, P(*x_spec))), jax.device_put(w, NamedSharding(mesh, P(*w_spec))))
+        compiled = jax.jit(_quantize_and_gemm).lower(*args).compile()
+        result = compiled(*args)
+    _check_few_blocks(compiled, result, x, w, *_local_sizes(size, dim, devices, blocks))
+
+
+def test_m_over_fewer_blocks_beside_n_over_whole_blocks(rng):
+    """On the (4, 2) mesh: M of 2 blocks over x runs whole, N of 2 blocks over y stays split (a
+    block per shard), though quantize's layout splits M's scale tensor inside its blocks."""
+    if (SX, SY) != (4, 2):
+        pytest.skip("needs the (4, 2) mesh")
+    x = rng.normal(size=(1, 256, 128)).astype(np.float32)
+    w = rng.normal(size=(1, 256, 128)).astype(np.float32)
+
+    def f(x, w):
+        x = jax.lax.with_sharding_constraint(x, NamedSharding(MESH, P(None, "x")))
+        w = jax.lax.with_sharding_constraint(w, NamedSharding(MESH, P(None, "y")))
+        return _quantize_and_gemm(x, w)
+
+    compiled = jax.jit(f).lower(x, w).compile()
+    size = dict(L=1, M=256, N=256, K=128)
+    _check_few_blocks(compiled, compiled(x, w), x, w, size, dict(size, N=128))
+
+
+def test_few_scale_blocks_with_gspmd_propagation():
+    """The same calls under the GSPMD partitioner (jax_use_shardy_partitioner off), in a
+    subprocess: under GSPMD a partitioner callback that raises aborts the process (an XLA check)."""
+    if len(jax.devices()) < 8 or not hasattr(jax.config, "jax_use_shardy_partitioner"):
+        pytest.skip("needs 8 devices and a jax with the GSPMD partitioner")
+    ids = ["M-4dev-6blocks", "N-8dev-4blocks", "K-4dev-2blocks"]
+    tests = [f"{os.path.abspath(__file__)}::test_dim_over_fewer_or_indivisible_scale_blocks[{i}]" for i in ids]
+    env = dict(os.environ, JAX_USE_SHARDY_PARTITIONER="false")
+    env.pop("JGA_TEST_SHARD", None)
+    run = subprocess.run(  # cwd: not the repository root, whose source tree would shadow the package
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
+        capture_output=True, text=True, env=env, timeout=300, cwd=os.path.dirname(os.path.abspath(__file__)),
+    )
+    assert run.returncode == 0 and f"{len(ids)} passed" in run.stdout, run.stdout[-4000:] + run.stderr[-4000:]

@@ -88,8 +88,6 @@ inline float AbsMax(float acc, float x) {
   return (std::isnan(ax) || ax > acc) ? ax : acc;
 }
 
-inline float Pow2(int e) { return std::ldexp(1.0f, e); }  // e in [-64, 64]: a normal float
-
 // A scale as two factors whose products with the other operand's factors split the combined
 // scale in halves (numerics.h): e8m0 2^e gives (2^floor(e/2), 2^ceil(e/2)) on A and
 // (2^ceil(e/2), 2^floor(e/2)) on B, so A1*B1 and A2*B2 are 2^floor(E/2) and 2^ceil(E/2), in some

@@ -53,9 +53,9 @@ def quantize(x, fmt: str = "mxfp8_e4m3", *, packed: bool = True):
     # math.prod, not reshape's -1, which cannot be inferred when rows or K is 0.
     x3 = x.reshape((math.prod(lead), rows, k)).astype(jnp.float32)
     blocks = x3.reshape(x3.shape[0], rows, k // f.sf_vec_size, f.sf_vec_size)
-    amax = jnp.max(jnp.abs(blocks), axis=-1)
-    # Not isfinite(amax): XLA's CPU reductions of 4096+ elements can drop a NaN from a max.
-    finite = jnp.all(jnp.isfinite(blocks), axis=-1)
+    # NaN enters the max as +Inf: XLA's CPU max reductions of 4096+ elements can drop a NaN, never an Inf.
+    amax = jnp.max(jnp.where(jnp.isnan(blocks), jnp.inf, jnp.abs(blocks)), axis=-1)
+    finite = amax < jnp.inf
 
     if f.scale_dtype == np.dtype(jnp.float8_e8m0fnu):
         mant, exp = jnp.frexp(amax / f.max_value)  # ratio = mant * 2^exp, mant in [0.5, 1)
@@ -67,8 +67,8 @@ def quantize(x, fmt: str = "mxfp8_e4m3", *, packed: bool = True):
         scaled = blocks * formats.exact_pow2(-exponent)[..., None]  # per block, not per element
     else:  # nvfp4: e4m3 scales
         scales = jnp.clip(amax / f.max_value, 0, 448.0).astype(jnp.float8_e4m3fn)
-        scales = jnp.where(finite, scales, jnp.array(jnp.nan, scales.dtype))  # 0x7F
         s = jnp.where(finite, formats.decode_fp8(scales), 1.0)[..., None]
+        scales = jnp.where(finite, scales, jnp.array(jnp.nan, scales.dtype))  # 0x7F
         scaled = jnp.where(s > 0, blocks / jnp.where(s > 0, s, 1), 0.0)
     scaled = scaled.reshape(x3.shape)
 

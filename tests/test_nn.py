@@ -114,6 +114,19 @@ def test_forward_is_gemm_amax_on_quantized_operands(rng, fmt):
     np.testing.assert_array_equal(mx.output_amax[...], want.amax)  # the fused amax, stored
 
 
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "nvfp4"])
+def test_non_finite_input_reaches_output_amax(rng, fmt, bad):
+    """A NaN or Inf in the input gives its quantization block a NaN scale: the rows of y it
+    touches are NaN and output_amax is NaN, the other rows are unaffected."""
+    x = np.asarray(rng.normal(size=(64, 128)), np.float32)
+    x[5, 17] = bad
+    mx = MXLinear(128, 64, use_bias=False, fmt=fmt, rngs=nnx.Rngs(0))
+    y = np.asarray(mx(jnp.asarray(x)))
+    assert np.isnan(float(mx.output_amax[...]))
+    assert np.isnan(y[5]).all() and np.isfinite(np.delete(y, 5, axis=0)).all()
+
+
 @pytest.mark.parametrize("lead,in_f,out_f", [((3, 7), 40, 10), ((5,), 33, 1), ((), 17, 70), ((2, 1, 3), 64, 6)])
 def test_forward_any_shapes_and_bias(rng, lead, in_f, out_f):
     """Non-aligned feature sizes are zero-padded: the result is the float64 product of the

@@ -99,21 +99,21 @@ std::atomic<unsigned int*> g_reset_word[kMaxDevices];
 
 // Tile height (MI) and split-K factor, from a cost model in units of one 64-K MMA unit of a
 // 256-row tile, by waves of work units over the SMs: a unit of tile 128 costs 0.60 (it runs at
-// ~0.83x the rate of tile 256 since it has two B converters; 0.69 before, session 5); each unit
-// costs a pipeline fill plus its epilogue; a split tile costs the partial tiles' store, the
-// reducer's wait and its read (128 KB per split at tile 256): kSplitCostPerRowBlock x MI units
-// per extra split, + 0.6. Fitted to H200 harness timings (RESULTS.md): session 6, 256x8192x8192
-// tile 256 / 2 splits 503 TF/s vs tile 128 unsplit 433; session 8, tile 128 vs tile 256 and tail
-// splits (512x4096x4096, 640x8192x2048, 2560x1792x4096), when the split term was 3.8 x MI;
-// session 14, after the reducer took extra K (kSplitReducerBonusUnits) made the hand-over
-// cheaper: 2.0 x MI picks the best measured plan (within 2%; readings of one plan pooled over
-// builds) at 31 of 32 shapes against 19 of 32 for 3.8. The 2.0 build against the 3.8 one, two
+// ~0.83x the rate of tile 256 since it has two B converters); each unit costs a pipeline fill
+// plus its epilogue; a split tile costs the partial tiles' store, the reducer's wait and its read
+// (128 KB per split at tile 256): kSplitCostPerRowBlock x MI units per extra split, + 0.6. Fitted
+// to H200 harness timings: 256x8192x8192 tile 256 / 2 splits 503 TF/s vs tile 128 unsplit 433;
+// tile 128 vs tile 256 and tail splits (512x4096x4096, 640x8192x2048, 2560x1792x4096), which fit
+// a split term of 3.8 x MI while the reducer took no extra K. With the reducer's extra K
+// (kSplitReducerBonusUnits) making the hand-over cheaper, 2.0 x MI picks the best measured plan
+// (within 2%; readings of one plan pooled over builds) at 31 of 32 shapes against 19 of 32 for
+// 3.8. The 2.0 build against the 3.8 one, two
 // calls each: 768x28672x8192 +10%, 256x8192x4096 and 640x8192x1024 +9%, 2560x4096x2048 and
 // 128x2048x2048 +8%, 512x4096x4096, 1024x14336x4096 and 2048x5120x2048 +6%; 512x5120x4096 -4%
 // (a 4-way tail split at tile 128 instead of tile 256 unsplit with A pre-converted). The
 // benchmark's six shapes keep their plans.
 // Candidates: every tile split S ways (S = 1: no split-K), or, when the last wave of tiles is
-// partial, the whole waves unsplit and only the last wave's tiles split (session 7). Only plans
+// partial, the whole waves unsplit and only the last wave's tiles split. Only plans
 // whose split-K workspace fits in `available` bytes are considered.
 constexpr double kSplitCostPerRowBlock = 2.0;  // per 128 rows of the tile and extra split (above)
 // Each tile-256 candidate is priced with every choice of operands it may pre-convert (PreChoices):
@@ -123,24 +123,25 @@ constexpr double kSplitCostPerRowBlock = 2.0;  // per 128 rows of the tile and e
 // kPassBytesPerUnit plus a fixed cost, kFirstPassUnits for the first (a launch boundary and a wave)
 // and kSecondPassUnits for the second (its start overlaps the first: PDL). One cost unit is ~1 us
 // at tile 256 (0.92-1.04 us at 3072x3072x1024, 4096^3, 8192^3 without pre-conversion).
-// Fitted (least squares on relative error, session 17) to 102 readings of plans taking turns in one
-// process on an H200: session 16's 17 shapes at tile 256 unsplit with each of the four choices,
-// and 17 pairs (two choices) of sessions 16 and 17, 8 of them split plans with and without A'.
+// Fitted (least squares on relative error) to 102 readings of plans taking turns in one process on
+// an H200: 17 shapes at tile 256 unsplit with each of the four choices, and 17 pairs (two
+// choices), 8 of them split plans with and without A'.
 // RMS error 1.3%; of those 34 choices the model makes the measured best at 30, the other 4 within
 // 0.1-1.8% of it.
-// A saving priced on the whole GEMM time fits as well unsplit (session 16's first model) but took
+// A saving priced on the whole GEMM time fits as well unsplit but took
 // A' for split plans at K = 1024 where it loses (2048x3072x1024 -1.8%, 640x8192x1024 -7% as tile
 // 256 + A' over tile 128): there a split tile's hand-over is a third of its time.
 // Both operands (the unsplit A'B' plan) run the ping-pong kernel (KernelPre), priced by its own
 // waves (PingPongWaves): a consumer warpgroup's epilogue (a 128-row tile's, half a 256-row one's)
 // runs beside the other's main loop, so a wave pays half the epilogue, and the last tile's half
 // is paid whole.
-// Refit in session 21 (least squares on relative error, each shape's scale free) to every choice
-// at tile 256 unsplit taking turns in one process on an H200: fp8 32 shapes (B' and A' within
-// 0.004 of session 17's values, kept; 0.271 for the ping-pong A'B'; RMS 1.2%), fp4 32 mxfp4 + 12
-// nvfp4 shapes (RMS 1.4% / 2.0%; with fp8's values 3.7% / 2.2%: an fp4 code costs the consumers
-// more to convert). Against the session-20 planner at the grid shapes whose plan it changed:
-// e4m3 +5.1% (geometric mean of 107), mxfp4 +7.2% (80), worst -3.8% / -4.9%. Indexed by
+// Per operand format, fitted (least squares on relative error, each shape's scale free) to every
+// choice at tile 256 unsplit taking turns in one process on an H200: fp8 32 shapes (B' and A'
+// within 0.004 of the 102-reading fit's values, which they keep; 0.271 for the ping-pong A'B'; RMS
+// 1.2%), fp4 32 mxfp4 + 12 nvfp4 shapes (RMS 1.4% / 2.0%; with fp8's values 3.7% / 2.2%: an fp4
+// code costs the consumers more to convert). Against one set of savings for both formats with the
+// ping-pong plan priced like a cooperative one, at the grid shapes whose plan this changes: e4m3
+// +5.1% (geometric mean of 107), mxfp4 +7.2% (80), worst -3.8% / -4.9%. Indexed by
 // [fp4][kPreB | kPreA].
 constexpr double kPreconvertSaving[2][4] = {{0.0, 0.163, 0.204, 0.271}, {0.0, 0.186, 0.258, 0.335}};
 constexpr double kPassBytesPerUnit = 3.45e6;
@@ -251,7 +252,7 @@ Plan MakePlan(const GemmAmaxProblem& p, int sms, const LaunchOptions& opt, size_
         }
         // A candidate must be 2% cheaper than the best so far (the model's error), except a tail
         // split of the same tiles as the best: the two share their whole waves, so the model's
-        // error on what differs (the last wave) is far below 2% of the whole (session 17: 4-way over
+        // error on what differs (the last wave) is far below 2% of the whole (measured: 4-way over
         // 3-way tails +1.0 to +2.5% at 1536x3072x4096, 3072x3072x4096/8192 and 768x28672x8192,
         // which a 2% margin on the whole left at 3).
         const bool same_whole_waves = whole > 0 && best_cost >= 0 && best.mi == mi && best.whole_tiles == whole;

@@ -35,9 +35,9 @@ constexpr long long kSplitMaxElems = 1ll << 22;  // fp32 elements of partial til
 // to 8), so they are asked for before the plan exists: B's when M >= kPreconvertBMinM, A's when
 // N >= kPreconvertAMinN, each when it is at most kPreconvertMaxBytes. With both offered at any size,
 // the model on a 132-SM H200 takes a copy below those twice in M, N, K grids to 32768, both fp4 and
-// unmeasured (A'B' at 1536x1536x2048, A' at 2048x640x32768). A' from N = 768 (was 2048): at 14
-// shapes with 768 <= N < 2048 the model's A' plan beat the plan without it by +1.0%
-// (1536x768x16384) to +12.8% (768x1536x16384) (session 18, plans taking turns).
+// unmeasured (A'B' at 1536x1536x2048, A' at 2048x640x32768). A' from N = 768: at 14 shapes with
+// 768 <= N < 2048 the model's A' plan beat the plan without it by +1.0% (1536x768x16384) to
+// +12.8% (768x1536x16384) (plans taking turns).
 constexpr long long kPreconvertBMinM = 2048;
 constexpr long long kPreconvertAMinN = 768;
 constexpr long long kPreconvertMaxBytes = 1ll << 30;
@@ -61,7 +61,7 @@ cudaError_t Launch(const GemmAmaxProblem& p, const GemmAmaxBuffers& buf, void* w
 
 // Split-K: the reducer (the last split) takes this many more 64-K MMA units than each other split,
 // and works through them while the others store their partials (the trace at 1024^3: a 64 KB store
-// took ~4k cycles, which the reducer spent waiting). H200 harness, session 13, against equal splits:
+// took ~4k cycles, which the reducer spent waiting). H200 harness, against equal splits:
 // 1024^3 149-151 -> 168-169 TF/s, 250x6000x8192 +4%, 128x4096x4096 +6%, 640x8192x2048 and
 // 2560x1792x4096 +2-6%; 256x8192x8192 and 2048x5120x8192 inside their spread. 2 and 4 units measured
 // alike, 6 less (fp8; an fp4 slab holds 4 units, so fp4 gets one extra slab).

@@ -1,6 +1,6 @@
 // SM90 (Hopper, sm_90a) block-scaled GEMM + fused amax.
 //
-// Design (see DESIGN.md "Kernels"):
+// Design (see ffi/cuda/sm90/DESIGN.md, "One CTA: producer, converters, consumers"):
 //   * persistent, warp-specialized CTA of 4 warpgroups (512 threads), one CTA per SM:
 //       WG0: one thread is the producer: TMA loads of the narrow A/B tiles (128-byte K slabs,
 //            128B swizzle) and 1-D bulk copies of the 512-byte 128x4 scale blocks straight from
@@ -21,10 +21,10 @@
 //     16 contiguous bytes of A per row (one LDS.128) and the converter writes whole 16-byte chunks.
 //   * Pre-converted operands (kPre, tile 256, problems with many rows (B, unsplit plans) or columns
 //     (A, split-K plans too)): PreconvertKernel writes the operand as BF16 in the converter's K
-//     order into the workspace first (memory-bound: 54 us for 8192 x 8192 fp8 codes, ncu,
-//     session 11); the producer TMA-loads it per 64-K unit into BF16 buffers. B: the converter
-//     warpgroup idles (converting B per tile costs ~12% of the GEMM, ncu, 8192^3: 1.72 ms vs
-//     1.52). A: the consumers run SS WGMMAs instead of converting.
+//     order into the workspace first (memory-bound: 54 us for 8192 x 8192 fp8 codes, ncu); the
+//     producer TMA-loads it per 64-K unit into BF16 buffers. B: the converter warpgroup idles
+//     (converting B per tile costs ~12% of the GEMM, ncu, 8192^3: 1.72 ms vs 1.52). A: the
+//     consumers run SS WGMMAs instead of converting.
 //   * CTA tile: (128*MI) x 128 (MI = 1 or 2, picked by the host's cost model). A work unit is a
 //     tile, or, in the kSplitK kernels (problems with few tiles), one of `splits` K ranges of a
 //     tile: the other splits hand fp32 partial tiles to the last one through a device workspace.
@@ -213,7 +213,7 @@ constexpr int kStageBytesPerWarp = 1024;
 // holds one warpgroup's A' rows and the B' tile. The CTAs run in clusters of 2 along N (adjacent
 // n-tiles of one m-tile) and each loads half of the A' rows, multicast to both, so that a CTA's
 // L2->SM traffic per unit is 8 + 16 KB instead of 16 + 16: without it the 128-row tiles' main loop
-// is L2-bound, 3-5% slower than the cooperative kernel's (RESULTS.md session 20).
+// is L2-bound, 3-5% slower than the cooperative kernel's (DESIGN.md, "The ping-pong A'B' kernel").
 constexpr int kPreB = 1, kPreA = 2, kPingPong = 4;
 // The shape of a kPre kernel's work, for the kernel (Smem) and the host that launches it: CTAs per
 // cluster (along N), rows of a tile (ping-pong: one warpgroup's), CTAs that each load a part of an
@@ -350,7 +350,7 @@ __device__ __forceinline__ void TmaLoad3DMulticast(uint32_t dst, const CUtensorM
 // The arrive keeps the default .release.cta semantics: `.release.cluster` compiles to MEMBAR.ALL.GPU
 // + CCTL.IVALL per arrive, which waits for every memory operation of the thread in flight (the
 // epilogue's stores too): the paired ping-pong kernel ran at 217 against 572 TF/s with it (8192^3,
-// RESULTS.md session 20). The reads the arrive hands back are this CTA's completed WGMMA reads of its
+// measured). The reads the arrive hands back are this CTA's completed WGMMA reads of its
 // own shared memory, which CTA scope orders (as CUTLASS's ClusterBarrier::arrive(cta_id)).
 template <int kCTAs = kAShare>
 __device__ __forceinline__ void MbarArriveClusterIf(uint32_t bar, bool pred) {
@@ -391,7 +391,7 @@ __device__ __forceinline__ void FenceProxyAsync() { asm volatile("fence.proxy.as
 // Hands a raw stage back to the producer after this warp's last read of it. The producer's next
 // write into the stage is a TMA (async proxy), and an mbarrier release orders only generic-proxy
 // accesses: without the proxy fence a read still in flight can return the next slab's bytes (seen
-// on the H200 with the f16path branch's consumer: a few rows of 1-6 tiles per call wrong at
+// on the H200 with a variant of the consumer: a few rows of 1-6 tiles per call wrong at
 // 16384x8192x1024; ptxas turns the fence into MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S, which waits for
 // this thread's loads).
 __device__ __forceinline__ void ReleaseRawStage(uint32_t bar, int lane) {
@@ -850,7 +850,7 @@ __device__ __forceinline__ void AddPartials(float (&acc)[MI][64], const KParams&
 // them back as 16-byte row chunks and stores whole 64/128-byte row segments (STG.128). Stored
 // straight from the fragment layout, one warp store covered 8 rows x 16 bytes (bf16): 8 L1
 // wavefronts for 512 bytes, which made the epilogue ~22% of the time at 16384x8192x1024
-// (JGA_SM90_TRACE, session 5). Staged chunks are XOR-swizzled so that the fragment-layout writes
+// (JGA_SM90_TRACE). Staged chunks are XOR-swizzled so that the fragment-layout writes
 // are free of bank conflicts.
 template <int CT, int MI, int V>
 __device__ __forceinline__ void Epilogue(float (&acc)[MI][64], const KParams& p, int l, int row_w, int col_t,
@@ -1189,12 +1189,12 @@ struct UnitPos {
 // Units per thread of PreconvertKernel, their loads issued together: the pass is latency-bound
 // (one unit per thread: 24 cycles between a warp's instructions, a third of them waiting on L1TEX,
 // 1.29 waves, 14.6 us for a 4096^2 B, ncu), so each thread keeps two units' loads in flight
-// (13.9-14.0 us; four units need 128 registers and gain nothing more; session 15). At 8192^2 the
+// (13.9-14.0 us; four units need 128 registers and gain nothing more). At 8192^2 the
 // pass moves its 203 MB at ~3.6 TB/s, the rate of a bare read-1-write-2 kernel on an H200 and
-// within ~2% of a plain copy's (harness `ceiling`, session 18): the DRAM ceiling of its traffic.
+// within ~2% of a plain copy's (harness `ceiling`): the DRAM ceiling of its traffic.
 // Other grid shapes (build.sh OUT -DJGA_PRECONVERT_UNITS=1 -DJGA_PRECONVERT_THREADS=512) and a
 // grid-stride loop that loads the next unit before storing the current one read -3% to +2% of
-// this at 8192^3 (the loop held to 64 registers spilled and lost 18%; session 18).
+// this at 8192^3 (the loop held to 64 registers spilled and lost 18%).
 #ifdef JGA_PRECONVERT_UNITS
 constexpr int kPreconvertUnitsPerThread = JGA_PRECONVERT_UNITS;
 #else
@@ -1359,7 +1359,7 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
   if (warp_idx < 4) {
     // ======================= WG0: producer (warps 0 and 1) =======================
     // A warpgroup of its own: issuing the copies must not delay the B conversion or the MMAs
-    // (session 5: ~2000 cycles per slab when a converter warp issued them; JGA_SM90_TRACE).
+    // (~2000 cycles per slab when a converter warp issued them, measured with JGA_SM90_TRACE).
     SetMaxNReg<R::kProducerRegs>();
     // Two issuing warps, each gated only by its own ring: warp 0 copies the raw stages (codes and
     // scales converted in this kernel), warp 1 the pre-converted BF16 units. One thread issuing both
@@ -1494,7 +1494,7 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
                 const uint32_t fbb = bar_full_b + 8 * b_stage;
                 // A ping-pong cluster's second CTA past the last column (an odd count of column
                 // tiles) loads no B': TMA's zero fill of a box wholly out of bounds is slow (it
-                // cost the whole kernel 12-15% at 4096x1408x4096 and 3072x1920x4096, session 21).
+                // cost the whole kernel 12-15% at 4096x1408x4096 and 3072x1920x4096).
                 // Its MMAs read stale shared memory; the epilogue stores, and takes the amax of,
                 // no column >= n.
                 const bool past_n = kCl > 1 && my_nt * kBN >= p.n;

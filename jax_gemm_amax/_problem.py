@@ -44,7 +44,7 @@ SCALE_ROWS_PER_BLOCK = 128
 SCALE_GROUPS_PER_BLOCK = 4
 SCALE_ATOM = (32, 4, 4)
 
-# The seed's tuning surface. Tile M = 256 (2-SM) is valid on Blackwell but not built.
+# The cuDNN frontend's tuning surface. Tile M = 256 (2-SM) is valid on Blackwell but not built.
 TILE_M_VALUES = (128,)
 TILE_M_NOT_BUILT = (256,)
 TILE_N_VALUES = (128, 256)
@@ -152,7 +152,7 @@ class Problem:
         return is_fp4(self.ab_dtype)
 
 
-def _check_seed_tuning(mma_tiler_mn, cluster_shape_mn, problem: Problem) -> tuple[tuple[int, int], tuple[int, int]]:
+def _check_cudnn_tuning(mma_tiler_mn, cluster_shape_mn, problem: Problem) -> tuple[tuple[int, int], tuple[int, int]]:
     tile_m, tile_n = check_int_pair(mma_tiler_mn, "mma_tiler_mn")
     cluster_m, cluster_n = check_int_pair(cluster_shape_mn, "cluster_shape_mn")
     if tile_m in TILE_M_NOT_BUILT:
@@ -241,5 +241,5 @@ def check_problem(
                 f"K={k}, sf_vec_size={sf_vec_size}, got {tuple(sf.shape)}"
             )
     problem = Problem(batch, m, n, k, ab_dtype, sf_dtype, sf_vec_size, c_dtype)
-    tiler, cluster = _check_seed_tuning(mma_tiler_mn, cluster_shape_mn, problem)
+    tiler, cluster = _check_cudnn_tuning(mma_tiler_mn, cluster_shape_mn, problem)
     return problem, tiler, cluster

@@ -44,7 +44,7 @@ from .ops import GemmAmaxResult, gemm_amax
 __all__ = ["GemmAmaxSm100", "TupleDict", "gemm_amax_jax_sm100", "gemm_amax_wrapper_sm100"]
 
 _FP4X2 = "float4_e2m1fn_x2"  # torch's packed FP4 dtype (two e2m1 values per byte, low nibble first)
-_A_JAX_PERM = (2, 0, 1)  # seed (M, K, L) -> library (L, M, K)
+_A_JAX_PERM = (2, 0, 1)  # cuDNN (M, K, L) -> library (L, M, K)
 
 
 class TupleDict(dict):
@@ -128,7 +128,7 @@ class _Operand:
 
     array: Any
     perm: tuple[int, ...] | None
-    seed_shape: tuple[int, ...]
+    cudnn_shape: tuple[int, ...]
     dtype: str
     major: str  # for messages: "k", "m"/"n", or "-" (JAX arrays, scales)
 
@@ -145,13 +145,13 @@ def _rank3(x, name: str, rows: str):
 
 
 def _operand(x, name: str, rows: str) -> _Operand:
-    """A / B: seed ``(rows, K, L)`` -> library ``(L, rows, K)``, zero-copy for K- and MN-major
+    """A / B: cuDNN ``(rows, K, L)`` -> library ``(L, rows, K)``, zero-copy for K- and MN-major
     torch tensors (the MN-major transpose then happens inside the jitted computation)."""
     _rank3(x, name, rows)
-    seed_shape = tuple(x.shape)
+    cudnn_shape = tuple(x.shape)
     if not _is_torch(x):
         x = _as_jax(x)
-        return _Operand(x, _A_JAX_PERM, seed_shape, str(x.dtype), "-")
+        return _Operand(x, _A_JAX_PERM, cudnn_shape, str(x.dtype), "-")
     torch = _torch()
     k_major = x.permute(2, 0, 1)  # (L, rows, K)
     if x.dtype in (torch.uint8, getattr(torch, _FP4X2, None)):
@@ -161,51 +161,51 @@ def _operand(x, name: str, rows: str) -> _Operand:
                 f"{name}: packed FP4 ({x.dtype}) must be K-major (stride 1 along K // 2), "
                 f"got strides {tuple(x.stride())}"
             )
-        return _Operand(_from_torch(k_major, name), None, seed_shape, str(x.dtype), "k")
+        return _Operand(_from_torch(k_major, name), None, cudnn_shape, str(x.dtype), "k")
     if k_major.is_contiguous():
-        return _Operand(_from_torch(k_major, name), None, seed_shape, str(x.dtype), "k")
+        return _Operand(_from_torch(k_major, name), None, cudnn_shape, str(x.dtype), "k")
     mn_major = x.permute(2, 1, 0)  # (L, K, rows)
     if mn_major.is_contiguous():
-        return _Operand(_from_torch(mn_major, name), (0, 2, 1), seed_shape, str(x.dtype), rows.lower())
+        return _Operand(_from_torch(mn_major, name), (0, 2, 1), cudnn_shape, str(x.dtype), rows.lower())
     # Not compact in either order (a slice, an L-innermost layout, ...): _from_torch copies.
-    return _Operand(_from_torch(k_major, name), None, seed_shape, str(x.dtype), "k")
+    return _Operand(_from_torch(k_major, name), None, cudnn_shape, str(x.dtype), "k")
 
 
 def _scales(x, name: str) -> _Operand:
     """SFA / SFB: the physical ``(L, MN', K', 32, 4, 4)`` array or the logical view
     ``(32, 4, MN', 4, K', L)``. torch's logical view is a permutation of the physical bytes, so it
     is permuted back in torch (zero-copy); JAX arrays go to ``gemm_amax`` as they are."""
-    seed_shape = tuple(x.shape)
+    cudnn_shape = tuple(x.shape)
     if not _is_torch(x):
         x = _as_jax(x)
-        return _Operand(x, None, seed_shape, str(x.dtype), "-")
+        return _Operand(x, None, cudnn_shape, str(x.dtype), "-")
     if is_logical_shape(x.shape):
         x = x.permute(*PHYSICAL_FROM_LOGICAL)
-    return _Operand(_from_torch(x, name), None, seed_shape, str(x.dtype), "-")
+    return _Operand(_from_torch(x, name), None, cudnn_shape, str(x.dtype), "-")
 
 
 # --------------------------------------------------------------------------------------------
 # The computation: one jittable function, parameterized by static layout choices.
 
 
-def _core(a, b, sfa, sfb, *, a_perm, b_perm, seed_c, c_major, **kwargs):
+def _core(a, b, sfa, sfb, *, a_perm, b_perm, cudnn_c, c_major, **kwargs):
     """Library-order ``gemm_amax`` on adapted operands. Returns ``c`` as ``(M, N, L)`` when
-    ``seed_c`` (JAX callers) or in the library's C-contiguous ``(L, M, N)`` / ``(L, N, M)`` for
-    ``c_major`` "n" / "m" (torch callers permute that into the seed's strides without a copy),
+    ``cudnn_c`` (JAX callers) or in the library's C-contiguous ``(L, M, N)`` / ``(L, N, M)`` for
+    ``c_major`` "n" / "m" (torch callers permute that into cuDNN's strides without a copy),
     and amax as ``(1, 1, 1)``."""
     if a_perm is not None:
         a = jnp.transpose(a, a_perm)
     if b_perm is not None:
         b = jnp.transpose(b, b_perm)
     c, amax = gemm_amax(a, b, sfa, sfb, c_major=c_major, **kwargs)
-    if seed_c:
+    if cudnn_c:
         c = jnp.transpose(c, (1, 2, 0) if c_major == "n" else (2, 1, 0))
     return c, jnp.reshape(amax, (1, 1, 1))
 
 
 _core_jit = jax.jit(
     _core,
-    static_argnames=("a_perm", "b_perm", "seed_c", "c_major", "c_dtype", "sf_vec_size", "acc_dtype",
+    static_argnames=("a_perm", "b_perm", "cudnn_c", "c_major", "c_dtype", "sf_vec_size", "acc_dtype",
                      "mma_tiler_mn", "cluster_shape_mn"),
 )
 
@@ -227,7 +227,7 @@ def _static(c_dtype, c_major, acc_dtype, mma_tiler_mn, cluster_shape_mn, sf_vec_
     )
 
 
-def _seed_c_shape(call_c_shape, c_major: str) -> tuple[int, ...]:
+def _cudnn_c_shape(call_c_shape, c_major: str) -> tuple[int, ...]:
     l, x, y = call_c_shape
     return (x, y, l) if c_major == "n" else (y, x, l)
 
@@ -280,7 +280,7 @@ def _check_stream(stream, argname: str, torch_tensor):
 
 
 def _torch_c(c, c_major: str, fp4x2: bool):
-    """The library-order C (JAX) as a torch (M, N, L) view with the seed's strides (no copy)."""
+    """The library-order C (JAX) as a torch (M, N, L) view with cuDNN's strides (no copy)."""
     torch = _torch()
     t = torch.from_dlpack(c)
     t = t.permute(1, 2, 0) if c_major == "n" else t.permute(2, 1, 0)
@@ -344,7 +344,7 @@ def gemm_amax_jax_sm100(
     sfa_op, sfb_op = _scales(sfa, "sfa"), _scales(sfb, "sfb")
     static = _static(c_dtype, c_major, acc_dtype, mma_tiler_mn, cluster_shape_mn, sf_vec_size)
     c, amax = _core(a_op.array, b_op.array, sfa_op.array, sfb_op.array,
-                    a_perm=a_op.perm, b_perm=b_op.perm, seed_c=True, **static)
+                    a_perm=a_op.perm, b_perm=b_op.perm, cudnn_c=True, **static)
     return GemmAmaxResult(c, amax)
 
 
@@ -376,7 +376,7 @@ def gemm_amax_wrapper_sm100(
     * torch inputs (any of the four): torch outputs on the same device, ``c`` with the cuDNN
       strides for ``c_major`` (n: ``(N, 1, M·N)``, m: ``(1, M, M·N)``), itself a zero-copy view of
       the JAX result. Inputs are shared with JAX through DLPack without a copy when they are K- or
-      MN-major (the seed's strides); other strides are copied first (as are buffers JAX cannot use
+      MN-major (cuDNN's strides); other strides are copied first (as are buffers JAX cannot use
       in place, e.g. misaligned ones). Packed FP4 must be K-major, as in cuDNN. ``stream=None`` orders the work after torch's current stream; passing torch's
       current stream is the same; other streams raise ``NotImplementedError``.
     * JAX / numpy inputs: JAX outputs, ``c`` C-contiguous ``(M, N, L)`` for either ``c_major``.
@@ -391,9 +391,9 @@ def gemm_amax_wrapper_sm100(
         _check_no_unpacked_fp4_for_torch(static["c_dtype"])
     a_op, b_op = _operand(a_tensor, "a_tensor", "M"), _operand(b_tensor, "b_tensor", "N")
     sfa_op, sfb_op = _scales(sfa_tensor, "sfa_tensor"), _scales(sfb_tensor, "sfb_tensor")
-    seed_c = torch_tensor is None
+    cudnn_c = torch_tensor is None
     c, amax = _core_jit(a_op.array, b_op.array, sfa_op.array, sfb_op.array,
-                        a_perm=a_op.perm, b_perm=b_op.perm, seed_c=seed_c, **static)
+                        a_perm=a_op.perm, b_perm=b_op.perm, cudnn_c=cudnn_c, **static)
     if torch_tensor is not None:
         c = _torch_c(c, c_major, _is_torch_fp4x2(c_dtype))
         amax = _torch().from_dlpack(amax)
@@ -467,7 +467,7 @@ class GemmAmaxSm100:
         )
 
     def _call_kwargs(self, ops):
-        return dict(a_perm=ops[0].perm, b_perm=ops[1].perm, seed_c=not self._torch_out, **self._static)
+        return dict(a_perm=ops[0].perm, b_perm=ops[1].perm, cudnn_c=not self._torch_out, **self._static)
 
     # -- the cuDNN API
 
@@ -483,7 +483,7 @@ class GemmAmaxSm100:
         ops = self._inputs(self.sample_a, self.sample_b, self.sample_sfa, self.sample_sfb, "sample_")
         arrays = [jax.ShapeDtypeStruct(op.array.shape, op.array.dtype) for op in ops]
         out_c, out_amax = jax.eval_shape(functools.partial(_core, **self._call_kwargs(ops)), *arrays)
-        want_c = tuple(out_c.shape) if not self._torch_out else _seed_c_shape(out_c.shape, c_major)
+        want_c = tuple(out_c.shape) if not self._torch_out else _cudnn_c_shape(out_c.shape, c_major)
         if tuple(c.shape) != want_c:
             raise ValueError(f"sample_c: expected shape {want_c} (M, N, L), got {tuple(c.shape)}")
         if math.prod(amax.shape) != 1 or _dtype(amax.dtype, "sample_amax") != np.dtype(np.float32):
@@ -503,7 +503,7 @@ class GemmAmaxSm100:
         fn = jax.jit(functools.partial(_core, **self._call_kwargs(ops)))
         self._compiled = fn.lower(*(op.array for op in ops)).compile()
         self._signatures = tuple(op.signature for op in ops)
-        self._seed_shapes = tuple((op.seed_shape, op.dtype, op.major) for op in ops)
+        self._cudnn_shapes = tuple((op.cudnn_shape, op.dtype, op.major) for op in ops)
         self._c_spec = (tuple(self.sample_c.shape), str(self.sample_c.dtype))
         self._amax_spec = (tuple(self.sample_amax.shape), str(self.sample_amax.dtype))
         # As cuDNN does, drop the samples: the executable is all that is needed.
@@ -530,10 +530,10 @@ class GemmAmaxSm100:
                       _first_torch(c_tensor, amax_tensor, a_tensor, b_tensor, sfa_tensor, sfb_tensor))
         ops = self._inputs(a_tensor, b_tensor, sfa_tensor, sfb_tensor, "")
         names = ("a_tensor", "b_tensor", "sfa_tensor", "sfb_tensor")
-        for name, op, sig, (shape, dtype, major) in zip(names, ops, self._signatures, self._seed_shapes):
+        for name, op, sig, (shape, dtype, major) in zip(names, ops, self._signatures, self._cudnn_shapes):
             if op.signature != sig:
                 raise ValueError(
-                    f"{name}: got shape {op.seed_shape} {op.dtype} (major {op.major!r}), but this GemmAmaxSm100 "
+                    f"{name}: got shape {op.cudnn_shape} {op.dtype} (major {op.major!r}), but this GemmAmaxSm100 "
                     f"was compiled for {shape} {dtype} (major {major!r}); build another one for it"
                 )
         c, amax = self._compiled(*(op.array for op in ops))

@@ -3,7 +3,7 @@
 * physical: ``(L, ceil(MN/128), ceil(G/4), 32, 4, 4)`` C-contiguous, G = K / sf_vec_size: the
   cuBLAS / CUTLASS "128x4" block layout the kernels read. The scale of row ``r`` and K group
   ``j`` is at ``[l, r // 128, j // 4, r % 32, (r % 128) // 32, j % 4]``; padding is zero.
-* logical: the seed's view ``(32, 4, ceil(MN/128), 4, ceil(G/4), L)`` = physical permuted by
+* logical: the cuDNN frontend's view ``(32, 4, ceil(MN/128), 4, ceil(G/4), L)`` = physical permuted by
   ``(3, 4, 1, 5, 2, 0)`` (same bytes in torch; a transpose in JAX).
 * plain: ``(L, MN, G)`` as ``jax.nn.scaled_matmul`` takes it.
 
@@ -31,7 +31,7 @@ __all__ = [
     "as_physical",
 ]
 
-# Axis permutations between the physical layout and the seed's logical view (for any array
+# Axis permutations between the physical layout and the cuDNN frontend's logical view (for any array
 # library's transpose/permute).
 LOGICAL_FROM_PHYSICAL = (3, 4, 1, 5, 2, 0)
 PHYSICAL_FROM_LOGICAL = (5, 2, 4, 0, 1, 3)
@@ -121,7 +121,7 @@ def plain_from_physical(physical, rows: int, groups: int):
 
 
 def physical_from_logical(logical):
-    """The seed's logical view ``(32, 4, MN', 4, G', L)`` -> ``(L, MN', G', 32, 4, 4)``."""
+    """The cuDNN frontend's logical view ``(32, 4, MN', 4, G', L)`` -> ``(L, MN', G', 32, 4, 4)``."""
     shape = tuple(logical.shape)
     if len(shape) != 6 or shape[:2] != SCALE_ATOM[:2] or shape[3] != SCALE_ATOM[2]:
         raise ValueError(f"logical: expected the logical view (32, 4, MN', 4, G', L), got shape {shape}")
@@ -129,7 +129,7 @@ def physical_from_logical(logical):
 
 
 def logical_from_physical(physical):
-    """``(L, MN', G', 32, 4, 4)`` (or 5-D without L) -> the seed's ``(32, 4, MN', 4, G', L)``."""
+    """``(L, MN', G', 32, 4, 4)`` (or 5-D without L) -> the cuDNN frontend's ``(32, 4, MN', 4, G', L)``."""
     _check_physical(physical)
     if physical.ndim == 5:
         physical = physical[None]
@@ -141,7 +141,7 @@ def is_logical_shape(shape) -> bool:
 
 
 def as_physical(scales, batched: bool, argname: str = "scales"):
-    """Returns scales in the physical layout, converting the seed's logical view if given.
+    """Returns scales in the physical layout, converting the cuDNN frontend's logical view if given.
 
     ``batched`` says whether the operand has a leading L; ``argname`` names ``scales`` in errors.
     Shapes that are neither layout pass through unchanged so that validation reports them against

@@ -98,7 +98,7 @@ def gemm_amax(
         ``float4_e2m1fn``, or ``uint8`` packed FP4 ``(..., K // 2)`` (low nibble = even k).
       b: ``(N, K)`` or ``(L, N, K)``, same dtype as ``a``.
       sfa, sfb: scales in the physical layout ``(L, ceil(MN/128), ceil(K/(4 sfv)), 32, 4, 4)``
-        (no leading L for 2-D operands) or the seed's logical view ``(32, 4, MN', 4, K', L)``;
+        (no leading L for 2-D operands) or the cuDNN frontend's logical view ``(32, 4, MN', 4, K', L)``;
         ``float8_e8m0fnu`` (``int8``/``uint8`` read as e8m0) or ``float8_e4m3fn`` (sfv 16).
       c_dtype: float32, float16, bfloat16, float8_e4m3fn, float8_e5m2 (both saturating),
         float4_e2m1fn or uint8 (packed FP4, ``(..., M, N // 2)``), saturating. FP4 has no NaN:
@@ -106,7 +106,7 @@ def gemm_amax(
       sf_vec_size: 16 or 32 elements of K per scale.
       c_major: ``"n"`` returns ``(..., M, N)``; ``"m"`` returns C transposed, ``(..., N, M)``.
       acc_dtype: float32 only.
-      mma_tiler_mn, cluster_shape_mn: the seed's tuning hints, validated; kernels may ignore them.
+      mma_tiler_mn, cluster_shape_mn: the cuDNN frontend's tuning hints, validated; kernels may ignore them.
     """
     call = _prepare(
         a, b, sfa, sfb, c_dtype=c_dtype, sf_vec_size=sf_vec_size, c_major=c_major, acc_dtype=acc_dtype,

@@ -94,7 +94,7 @@ def dequantize_physical(q, scales, sf_vec_size: int):
 
 def dequantize(q, scales, sf_vec_size: int = 32, *, dtype=jnp.float32):
     """Inverse of :func:`quantize`: ``q`` (``(rows, K)`` or ``(L, rows, K)``) times its scales
-    (physical or the seed's logical layout). ``q`` is ``float8_e4m3fn``, ``float8_e5m2``,
+    (physical or the cuDNN frontend's logical layout). ``q`` is ``float8_e4m3fn``, ``float8_e5m2``,
     ``float4_e2m1fn`` or packed FP4 ``uint8`` (``K // 2`` bytes); ``scales`` are
     ``float8_e8m0fnu`` (``int8``/``uint8`` read as e8m0) or ``float8_e4m3fn``."""
     q, scales = jnp.asarray(q), jnp.asarray(scales)

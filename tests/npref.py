@@ -74,7 +74,7 @@ class RandomProblem:
 
 def physical_scales(codes: np.ndarray, sf_dtype) -> np.ndarray:
     """Scale bytes (L, rows, groups) -> the physical layout (L, R', G', 32, 4, 4) in ``sf_dtype``,
-    padding zero, placed with the seed's offset formula."""
+    padding zero, placed with the cuDNN frontend's offset formula."""
     batch, rows, groups = codes.shape
     phys = np.zeros((batch, -(-rows // 128), -(-groups // 4), 32, 4, 4), np.uint8)
     idx = scale_index(np.arange(rows)[:, None], np.arange(groups)[None, :])

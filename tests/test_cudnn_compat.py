@@ -17,21 +17,21 @@ from jax_gemm_amax import GemmAmaxSm100, TupleDict, gemm_amax_jax_sm100, gemm_am
 
 E8M0 = ml_dtypes.float8_e8m0fnu
 E4M3 = ml_dtypes.float8_e4m3fn
-LOGICAL = (3, 4, 1, 5, 2, 0)  # physical (L, MN', K', 32, 4, 4) -> the seed's (32, 4, MN', 4, K', L)
+LOGICAL = (3, 4, 1, 5, 2, 0)  # physical (L, MN', K', 32, 4, 4) -> cuDNN's (32, 4, MN', 4, K', L)
 
 
 # ---------------------------------------------------------------------------------------------
-# helpers: the seed's layouts built from an npref problem (library order (L, M, Kb))
+# helpers: the cuDNN frontend's layouts built from an npref problem (library order (L, M, Kb))
 
 
-def seed_jax(p, logical_scales=False):
+def cudnn_jax(p, logical_scales=False):
     """(M, K, L) / (N, K, L) JAX arrays and scales (physical, or the logical view)."""
     a, b = (jnp.asarray(np.ascontiguousarray(np.transpose(x, (1, 2, 0)))) for x in (p.a, p.b))
     sfa, sfb = (np.transpose(s, LOGICAL) if logical_scales else s for s in (p.sfa, p.sfb))
     return a, b, jnp.asarray(sfa), jnp.asarray(sfb)
 
 
-def check_seed_c(c, amax, p, c_dtype):
+def check_cudnn_c(c, amax, p, c_dtype):
     """c (M, N, L) (packed: (M, N // 2, L)) and amax (1, 1, 1) against the oracle."""
     ref, abssum, per_batch = npref.gemm_amax_f64(p.a, p.b, p.sfa, p.sfb, p.sfv)
     npref.assert_c_close(np.transpose(np.asarray(c), (2, 0, 1)), c_dtype, ref, abssum)
@@ -40,10 +40,10 @@ def check_seed_c(c, amax, p, c_dtype):
 
 
 # ---------------------------------------------------------------------------------------------
-# The seed's JAX snippets, as written except for the import
+# The cuDNN frontend's JAX snippets, as written except for the import
 
 
-def test_seed_jax_wrapper_snippet():
+def test_cudnn_jax_wrapper_snippet():
     from jax_gemm_amax import gemm_amax_wrapper_sm100  # was: from cudnn import gemm_amax_wrapper_sm100
 
     m, n, k, sf_vec_size = 512, 256, 256, 32
@@ -54,15 +54,15 @@ def test_seed_jax_wrapper_snippet():
     jax.block_until_ready((a, b, sfa, sfb))
 
     c, amax = gemm_amax_wrapper_sm100(a, b, sfa, sfb, c_dtype=jnp.float32, sf_vec_size=sf_vec_size)
-    # The seed's `cudart.cudaDeviceSynchronize()` follows here; XLA orders our call, so it is not needed.
+    # The cuDNN frontend's `cudart.cudaDeviceSynchronize()` follows here; XLA orders our call, so it is not needed.
 
     assert c.shape == (m, n, 1) and c.dtype == jnp.float32 and amax.shape == (1, 1, 1)
     p = npref.RandomProblem(np.transpose(np.asarray(a), (2, 0, 1)), np.transpose(np.asarray(b), (2, 0, 1)),
                             np.asarray(sfa), np.asarray(sfb), sf_vec_size, k)
-    check_seed_c(c, amax, p, "float32")
+    check_cudnn_c(c, amax, p, "float32")
 
 
-def test_seed_jax_jit_snippet(rng):
+def test_cudnn_jax_jit_snippet(rng):
     from jax_gemm_amax import gemm_amax_jax_sm100  # was: from cudnn import gemm_amax_jax_sm100
 
     @jax.jit
@@ -71,13 +71,13 @@ def test_seed_jax_jit_snippet(rng):
         return c, amax
 
     p = npref.random_problem(rng, "e4m3", E8M0, 32, 256, 128, 256)
-    c, amax = quantized_matmul(*seed_jax(p))
+    c, amax = quantized_matmul(*cudnn_jax(p))
     assert c.shape == (256, 128, 1)
-    check_seed_c(c, amax, p, "float32")
+    check_cudnn_c(c, amax, p, "float32")
 
 
 # ---------------------------------------------------------------------------------------------
-# gemm_amax_jax_sm100 and the wrapper with JAX arrays: past the seed's JAX limits
+# gemm_amax_jax_sm100 and the wrapper with JAX arrays: past the cuDNN frontend's JAX limits
 
 
 @pytest.mark.parametrize("logical", [False, True], ids=["physical", "logical"])
@@ -87,44 +87,44 @@ def test_seed_jax_jit_snippet(rng):
 )
 def test_jax_batched_both_scale_layouts(rng, logical, kind, sf, sfv, c_dtype):
     p = npref.random_problem(rng, kind, sf, sfv, 200, 96, 256, batch=3)  # L = 3, M not a multiple of 128
-    a, b, sfa, sfb = seed_jax(p, logical_scales=logical)
+    a, b, sfa, sfb = cudnn_jax(p, logical_scales=logical)
     c, amax = jax.jit(lambda *x: gemm_amax_jax_sm100(*x, c_dtype=c_dtype, sf_vec_size=sfv))(a, b, sfa, sfb)
     assert c.shape == ((200, 48, 3) if c_dtype == "uint8" else (200, 96, 3))
-    check_seed_c(c, amax, p, c_dtype)
+    check_cudnn_c(c, amax, p, c_dtype)
     result = gemm_amax_wrapper_sm100(a, b, sfa, sfb, c_dtype=c_dtype, sf_vec_size=sfv)
     np.testing.assert_array_equal(np.asarray(result["c_tensor"]), np.asarray(c))
     assert float(result["amax_tensor"][0, 0, 0]) == float(amax[0, 0, 0])
 
 
-def test_vmap_over_seed_calls(rng):
+def test_vmap_over_cudnn_calls(rng):
     ps = [npref.random_problem(rng, "e4m3", E8M0, 32, 64, 32, 128) for _ in range(3)]
-    a, b, sfa, sfb = (jnp.stack(xs) for xs in zip(*(seed_jax(p) for p in ps)))
+    a, b, sfa, sfb = (jnp.stack(xs) for xs in zip(*(cudnn_jax(p) for p in ps)))
     c, amax = jax.jit(jax.vmap(gemm_amax_jax_sm100))(a, b, sfa, sfb)
     assert c.shape == (3, 64, 32, 1) and amax.shape == (3, 1, 1, 1)
     for i, p in enumerate(ps):
-        check_seed_c(c[i], amax[i], p, "float32")
+        check_cudnn_c(c[i], amax[i], p, "float32")
 
 
 def test_jax_c_major_m_returns_c_contiguous_mnl(rng):
     # N = 40 float32 is 160 bytes: n-major would be fine too, so compare both.
     p = npref.random_problem(rng, "e4m3", E8M0, 32, 64, 40, 128, batch=2)
-    args = seed_jax(p)
+    args = cudnn_jax(p)
     c_m, amax_m = gemm_amax_wrapper_sm100(*args, c_major="m")
     c_n, _ = gemm_amax_wrapper_sm100(*args, c_major="n")
     assert c_m.shape == (64, 40, 2)
     np.testing.assert_array_equal(np.asarray(c_m), np.asarray(c_n))
-    check_seed_c(c_m, amax_m, p, "float32")
+    check_cudnn_c(c_m, amax_m, p, "float32")
     # M = 64 bf16 rows are aligned, N = 20 (40 bytes) are not: only c_major="m" is valid.
     p = npref.random_problem(rng, "e4m3", E8M0, 32, 64, 20, 128)
-    c, amax = gemm_amax_jax_sm100(*seed_jax(p), c_dtype=jnp.bfloat16, c_major="m")
-    check_seed_c(c, amax, p, "bfloat16")
+    c, amax = gemm_amax_jax_sm100(*cudnn_jax(p), c_dtype=jnp.bfloat16, c_major="m")
+    check_cudnn_c(c, amax, p, "bfloat16")
     with pytest.raises(ValueError, match=r"c_dtype: rows of c must be 16-byte aligned: N=20"):
-        gemm_amax_jax_sm100(*seed_jax(p), c_dtype=jnp.bfloat16, c_major="n")
+        gemm_amax_jax_sm100(*cudnn_jax(p), c_dtype=jnp.bfloat16, c_major="n")
 
 
 def test_dtype_arguments_in_every_spelling(rng):
     p = npref.random_problem(rng, "e4m3", E8M0, 32, 128, 64, 128)
-    args = seed_jax(p)
+    args = cudnn_jax(p)
     base = np.asarray(gemm_amax_wrapper_sm100(*args, c_dtype=jnp.bfloat16)[0])
     for spelling in (np.dtype(ml_dtypes.bfloat16), ml_dtypes.bfloat16, "bfloat16"):
         c, _ = gemm_amax_wrapper_sm100(*args, c_dtype=spelling, acc_dtype="float32")
@@ -165,7 +165,7 @@ class FakeCUstream:
 
 def test_class_with_jax_arrays(rng):
     p = npref.random_problem(rng, "fp4", E8M0, 32, 136, 64, 256, batch=2)
-    a, b, sfa, sfb = seed_jax(p, logical_scales=True)
+    a, b, sfa, sfb = cudnn_jax(p, logical_scales=True)
     c = jnp.zeros((136, 64, 2), jnp.float16)
     amax = jnp.zeros((1, 1, 1), jnp.float32)
     op = GemmAmaxSm100(sample_a=a, sample_b=b, sample_sfa=sfa, sample_sfb=sfb, sample_c=c, sample_amax=amax,
@@ -176,22 +176,22 @@ def test_class_with_jax_arrays(rng):
     op.compile()
     out = op.execute(a, b, sfa, sfb)
     assert isinstance(out, TupleDict)
-    check_seed_c(out["c_tensor"], out["amax_tensor"], p, "float16")
+    check_cudnn_c(out["c_tensor"], out["amax_tensor"], p, "float16")
     # fresh data, same shapes: the cached executable; c/amax may be left out for JAX
     q = npref.random_problem(rng, "fp4", E8M0, 32, 136, 64, 256, batch=2)
-    c2, amax2 = op.execute(*seed_jax(q, logical_scales=True))
-    check_seed_c(c2, amax2, q, "float16")
+    c2, amax2 = op.execute(*cudnn_jax(q, logical_scales=True))
+    check_cudnn_c(c2, amax2, q, "float16")
     # other shapes raise
     r = npref.random_problem(rng, "fp4", E8M0, 32, 128, 64, 256, batch=2)
     with pytest.raises(ValueError, match=r"a_tensor: got shape \(128, 128, 2\).*compiled for \(136, 128, 2\)"):
-        op.execute(*seed_jax(r, logical_scales=True))
+        op.execute(*cudnn_jax(r, logical_scales=True))
 
 
 def test_class_with_jax_arrays_refuses_output_buffers_and_takes_the_default_stream(rng):
     # NVIDIA's JAX usage passes c / amax buffers and cuda.CUstream(0), then reads the buffers. JAX
     # arrays are immutable: the buffers are refused, never silently left unwritten.
     p = npref.random_problem(rng, "e4m3", E8M0, 32, 128, 64, 128)
-    a, b, sfa, sfb = seed_jax(p)
+    a, b, sfa, sfb = cudnn_jax(p)
     c, amax = jnp.zeros((128, 64, 1), jnp.float32), jnp.full((1, 1, 1), -jnp.inf)
     op = GemmAmaxSm100(a, b, sfa, sfb, c, amax)
     op.compile()
@@ -204,7 +204,7 @@ def test_class_with_jax_arrays_refuses_output_buffers_and_takes_the_default_stre
         op.execute(a, b, sfa, sfb, amax_tensor=amax)
     for stream in (None, 0, np.int64(0), FakeCUstream(0)):
         c_out, amax_out = op.execute(a, b, sfa, sfb, current_stream=stream)
-        check_seed_c(c_out, amax_out, p, "float32")
+        check_cudnn_c(c_out, amax_out, p, "float32")
     with pytest.raises(NotImplementedError, match=r"current_stream: JAX arrays run on XLA's own stream.*got handle 0x1234"):
         op.execute(a, b, sfa, sfb, current_stream=FakeCUstream(0x1234))
     with pytest.raises(TypeError, match=r"current_stream: expected a torch.cuda.Stream or a CUDA stream handle"):
@@ -213,7 +213,7 @@ def test_class_with_jax_arrays_refuses_output_buffers_and_takes_the_default_stre
 
 def test_class_check_support_raises_the_functional_errors(rng):
     p = npref.random_problem(rng, "e4m3", E8M0, 32, 128, 64, 128)
-    a, b, sfa, sfb = seed_jax(p)
+    a, b, sfa, sfb = cudnn_jax(p)
     c, amax = jnp.zeros((128, 64, 1)), jnp.zeros((1, 1, 1))
     with pytest.raises(ValueError) as functional:
         jga.gemm_amax(p.a, p.b, p.sfa, p.sfb, sf_vec_size=16)
@@ -238,7 +238,7 @@ def test_class_check_support_raises_the_functional_errors(rng):
 
 def test_error_paths(rng):
     p = npref.random_problem(rng, "fp4", E8M0, 32, 128, 64, 128)
-    a, b, sfa, sfb = seed_jax(p)
+    a, b, sfa, sfb = cudnn_jax(p)
     with pytest.raises(ValueError, match=r"a_tensor: expected \(M, K, L\)"):
         gemm_amax_wrapper_sm100(a[:, :, 0], b, sfa, sfb)
     with pytest.raises(ValueError, match=r"b: expected \(N, K, L\)"):
@@ -277,7 +277,7 @@ def test_static_arguments_are_validated_before_jit(rng, kw, exc, match):
     # Unhashable or non-integer values get the library's message, not jax.jit's "non-hashable
     # static argument", and are never truncated.
     p = npref.random_problem(rng, "e4m3", E8M0, 32, 128, 64, 128)
-    args = seed_jax(p)
+    args = cudnn_jax(p)
     with pytest.raises(exc, match=match):
         gemm_amax_wrapper_sm100(*args, **kw)
     with pytest.raises(exc, match=match):
@@ -287,7 +287,7 @@ def test_static_arguments_are_validated_before_jit(rng, kw, exc, match):
             GemmAmaxSm100(*args, jnp.zeros((128, 64, 1)), jnp.zeros((1, 1, 1)), **kw).check_support()
     tiler = (np.int64(128), np.int32(128))  # numpy integers are ints
     c, amax = gemm_amax_wrapper_sm100(*args, sf_vec_size=np.int64(32), mma_tiler_mn=tiler)
-    check_seed_c(c, amax, p, "float32")
+    check_cudnn_c(c, amax, p, "float32")
 
 
 def test_torch_is_not_imported():
@@ -324,8 +324,8 @@ def t2np(torch, t):
     return t.numpy()
 
 
-def seed_torch(torch, p, major="k", packed_dtype=None):
-    """The seed's torch tensors: A (M, K, L) with strides (K, 1, M·K) (k-major) or (1, M, M·K)
+def cudnn_torch(torch, p, major="k", packed_dtype=None):
+    """The cuDNN frontend's torch tensors: A (M, K, L) with strides (K, 1, M·K) (k-major) or (1, M, M·K)
     (m-major), scales as the logical view of a physical allocation."""
 
     def operand(x):  # x: (L, rows, Kb)
@@ -339,11 +339,11 @@ def seed_torch(torch, p, major="k", packed_dtype=None):
     return operand(p.a), operand(p.b), sfa, sfb
 
 
-def test_seed_torch_wrapper_snippet(rng, torch):
+def test_cudnn_torch_wrapper_snippet(rng, torch):
     from jax_gemm_amax import gemm_amax_wrapper_sm100  # was: from cudnn import gemm_amax_wrapper_sm100
 
     p = npref.random_problem(rng, "e4m3", E8M0, 32, 256, 128, 256, batch=2)
-    a_tensor, b_tensor, sfa_tensor, sfb_tensor = seed_torch(torch, p)
+    a_tensor, b_tensor, sfa_tensor, sfb_tensor = cudnn_torch(torch, p)
     assert a_tensor.stride() == (256, 1, 256 * 256) and sfa_tensor.shape == (32, 4, 2, 4, 2, 2)
     result = gemm_amax_wrapper_sm100(
         a_tensor,
@@ -362,14 +362,14 @@ def test_seed_torch_wrapper_snippet(rng, torch):
     assert c is result["c_tensor"] and amax is result["amax_tensor"]
     assert isinstance(c, torch.Tensor) and c.shape == (256, 128, 2) and c.stride() == (128, 1, 256 * 128)
     assert amax.shape == (1, 1, 1) and amax.dtype == torch.float32
-    check_seed_c(t2np(torch, c), t2np(torch, amax), p, "float32")
+    check_cudnn_c(t2np(torch, c), t2np(torch, amax), p, "float32")
 
 
-def test_seed_torch_class_snippet(rng, torch):
+def test_cudnn_torch_class_snippet(rng, torch):
     from jax_gemm_amax import GemmAmaxSm100  # was: from cudnn import GemmAmaxSm100
 
     p = npref.random_problem(rng, "e5m2", E8M0, 32, 136, 64, 128)
-    a, b, sfa, sfb = seed_torch(torch, p, major="m")  # m-/n-major A and B, L = 1
+    a, b, sfa, sfb = cudnn_torch(torch, p, major="m")  # m-/n-major A and B, L = 1
     c = torch.empty_strided((136, 64, 1), (64, 1, 136 * 64), dtype=torch.bfloat16)
     amax = torch.full((1, 1, 1), -float("inf"))
 
@@ -390,7 +390,7 @@ def test_seed_torch_class_snippet(rng, torch):
     c_ptr = c.data_ptr()
     op.execute(a, b, sfa, sfb, c, amax, current_stream=None)
     assert c.data_ptr() == c_ptr  # written in place
-    check_seed_c(t2np(torch, c), t2np(torch, amax), p, "bfloat16")
+    check_cudnn_c(t2np(torch, c), t2np(torch, amax), p, "bfloat16")
     # again, keyword arguments, B = 0: amax is reset, not max-accumulated
     zero_b = torch.zeros_like(b)
     op.execute(a_tensor=a, b_tensor=zero_b, sfa_tensor=sfa, sfb_tensor=sfb, c_tensor=c, amax_tensor=amax)
@@ -409,21 +409,21 @@ def test_seed_torch_class_snippet(rng, torch):
 @pytest.mark.parametrize("c_major", ["n", "m"])
 def test_torch_strides_batched(rng, torch, major, c_major):
     p = npref.random_problem(rng, "e4m3", E8M0, 32, 192, 64, 128, batch=3)
-    a, b, sfa, sfb = seed_torch(torch, p, major=major)
+    a, b, sfa, sfb = cudnn_torch(torch, p, major=major)
     c, amax = gemm_amax_wrapper_sm100(a, b, sfa, sfb, c_major=c_major, c_dtype=torch.float16)
     assert c.shape == (192, 64, 3) and c.dtype == torch.float16
     assert c.stride() == ((64, 1, 192 * 64) if c_major == "n" else (1, 192, 192 * 64))
-    check_seed_c(t2np(torch, c), t2np(torch, amax), p, "float16")
+    check_cudnn_c(t2np(torch, c), t2np(torch, amax), p, "float16")
 
 
 def test_torch_inputs_are_zero_copy_or_copied_correctly(rng, torch):
     from jax_gemm_amax import cudnn_compat
 
     p = npref.random_problem(rng, "e4m3", E8M0, 32, 128, 64, 128, batch=2)
-    a, b, sfa, sfb = seed_torch(torch, p)
+    a, b, sfa, sfb = cudnn_torch(torch, p)
     for t, op in ((a, cudnn_compat._operand(a, "a", "M")), (sfa, cudnn_compat._scales(sfa, "sfa"))):
         assert op.array.unsafe_buffer_pointer() == t.data_ptr()  # DLPack, no copy
-    m_major = seed_torch(torch, p, major="m")[0]
+    m_major = cudnn_torch(torch, p, major="m")[0]
     op = cudnn_compat._operand(m_major, "a", "M")
     assert op.array.unsafe_buffer_pointer() == m_major.data_ptr() and op.perm == (0, 2, 1)
     # Strides JAX cannot express (a column slice, L innermost) are copied, and the answer is right.
@@ -431,7 +431,7 @@ def test_torch_inputs_are_zero_copy_or_copied_correctly(rng, torch):
     l_inner = n2t(torch, np.ascontiguousarray(np.transpose(p.b, (1, 2, 0))))  # (N, K, L) C-contiguous
     assert not wide.permute(2, 0, 1).is_contiguous() and not l_inner.permute(2, 0, 1).is_contiguous()
     c, amax = gemm_amax_wrapper_sm100(wide, l_inner, sfa, sfb)
-    check_seed_c(t2np(torch, c), t2np(torch, amax), p, "float32")
+    check_cudnn_c(t2np(torch, c), t2np(torch, amax), p, "float32")
     # physical scales are accepted for torch too
     c2, _ = gemm_amax_wrapper_sm100(a, b, n2t(torch, p.sfa), n2t(torch, p.sfb))
     assert torch.equal(c2, c)
@@ -440,11 +440,11 @@ def test_torch_inputs_are_zero_copy_or_copied_correctly(rng, torch):
 @pytest.mark.parametrize("container", ["float4_e2m1fn_x2", "uint8"])
 def test_torch_packed_fp4(rng, torch, container):
     p = npref.random_problem(rng, "fp4", E4M3, 16, 128, 64, 256)
-    a, b, sfa, sfb = seed_torch(torch, p, packed_dtype=getattr(torch, container))
+    a, b, sfa, sfb = cudnn_torch(torch, p, packed_dtype=getattr(torch, container))
     c_dtype = getattr(torch, container)
     c, amax = gemm_amax_wrapper_sm100(a, b, sfa, sfb, c_dtype=c_dtype, sf_vec_size=16)
     assert c.shape == (128, 32, 1) and c.dtype == c_dtype
-    check_seed_c(t2np(torch, c), t2np(torch, amax), p, "uint8")
+    check_cudnn_c(t2np(torch, c), t2np(torch, amax), p, "uint8")
     # the class: sample_c (M, N // 2, L) packed, written in place
     out = torch.zeros((128, 32, 1), dtype=torch.uint8).view(c_dtype)
     amax_out = torch.zeros(1, 1, 1)
@@ -458,9 +458,9 @@ def test_torch_packed_fp4(rng, torch, container):
 
 def test_torch_int8_scales_and_error_paths(rng, torch):
     p = npref.random_problem(rng, "e4m3", E8M0, 32, 128, 64, 128)
-    a, b, sfa, sfb = seed_torch(torch, p)
+    a, b, sfa, sfb = cudnn_torch(torch, p)
     c, amax = gemm_amax_wrapper_sm100(a, b, sfa.view(torch.int8), sfb.view(torch.int8))  # int8 read as e8m0
-    check_seed_c(t2np(torch, c), t2np(torch, amax), p, "float32")
+    check_cudnn_c(t2np(torch, c), t2np(torch, amax), p, "float32")
     with pytest.raises(ValueError, match=r"stream: tensors on cpu have no CUDA stream"):
         gemm_amax_wrapper_sm100(a, b, sfa, sfb, stream=0)
     with pytest.raises(TypeError, match=r"float4_e2m1fn \(one FP4 value per byte\) has no torch dtype"):
@@ -474,7 +474,7 @@ def test_torch_int8_scales_and_error_paths(rng, torch):
     op = GemmAmaxSm100(a, b, sfa, sfb, c_m, torch.zeros(1, 1, 1))
     op.compile()
     op.execute(a, b, sfa, sfb, c_m, amax)
-    check_seed_c(t2np(torch, c_m), t2np(torch, amax), p, "float8_e4m3fn")
+    check_cudnn_c(t2np(torch, c_m), t2np(torch, amax), p, "float8_e4m3fn")
 
 
 def test_torch_cuda_current_stream(rng):
@@ -482,11 +482,11 @@ def test_torch_cuda_current_stream(rng):
     if not torch.cuda.is_available() or jax.default_backend() != "gpu":
         pytest.skip("needs a CUDA GPU for both torch and JAX")
     p = npref.random_problem(rng, "e4m3", E8M0, 32, 128, 64, 128)
-    a, b, sfa, sfb = (t.cuda() for t in seed_torch(torch, p))
+    a, b, sfa, sfb = (t.cuda() for t in cudnn_torch(torch, p))
     current = torch.cuda.current_stream()
     c, amax = gemm_amax_wrapper_sm100(a, b, sfa, sfb, stream=current)
     c2, _ = gemm_amax_wrapper_sm100(a, b, sfa, sfb, stream=current.cuda_stream)
-    check_seed_c(t2np(torch, c.cpu()), t2np(torch, amax.cpu()), p, "float32")
+    check_cudnn_c(t2np(torch, c.cpu()), t2np(torch, amax.cpu()), p, "float32")
     assert torch.equal(c, c2)
     other = torch.cuda.Stream()
     with pytest.raises(NotImplementedError, match=r"only torch's current stream"):

@@ -11,7 +11,7 @@ import npref
 
 
 @pytest.mark.parametrize("rows,groups,batch", [(1, 1, None), (200, 10, None), (128, 4, 3), (300, 17, 2)])
-def test_physical_plain_round_trip_and_seed_offsets(rng, rows, groups, batch):
+def test_physical_plain_round_trip_and_cudnn_offsets(rng, rows, groups, batch):
     shape = (rows, groups) if batch is None else (batch, rows, groups)
     plain = rng.integers(1, 255, size=shape).astype(np.uint8)
     phys = np.asarray(jga.physical_from_plain(jnp.asarray(plain)))
@@ -31,7 +31,7 @@ def test_physical_plain_round_trip_and_seed_offsets(rng, rows, groups, batch):
     np.testing.assert_array_equal(back, plain)
 
 
-def test_logical_view_is_the_seed_permutation(rng):
+def test_logical_view_is_the_cudnn_permutation(rng):
     phys = rng.integers(0, 255, size=(2, 3, 2, 32, 4, 4)).astype(np.uint8)
     logical = np.asarray(jga.logical_from_physical(jnp.asarray(phys)))
     assert logical.shape == (32, 4, 3, 4, 2, 2)

@@ -149,19 +149,6 @@ JGA_HOST_DEVICE float Pow2(int e) {
   return e >= -126 ? BitsToFloat(static_cast<uint32_t>(e + 127) << 23) : BitsToFloat(0x00400000u);
 }
 
-// One K block's term of C: `dot`, the fp32 sum of the block's products of narrow values, times
-// the two scales, as block-scaled hardware applies them. e8m0 scales 2^ea, 2^eb apply as the two
-// powers 2^floor(E/2) and 2^(E - floor(E/2)) of E = ea + eb, each representable, so that no
-// intermediate overflows or underflows unless the term itself does (2^127 * 2^-127 is 1, not
-// inf * 0); 0xFF is NaN. e4m3 scales (NVFP4): their product is exact in fp32.
-JGA_HOST_DEVICE float ScaleBlockDot(float dot, ScaleType t, uint8_t sa, uint8_t sb) {
-  if (t != ScaleType::kE8M0) return dot * (DecodeE4M3(sa) * DecodeE4M3(sb));
-  if (sa == 0xFF || sb == 0xFF) return NAN;
-  const int e = static_cast<int>(sa) + static_cast<int>(sb) - 254;
-  const int lo = e >= 0 ? e / 2 : -((1 - e) / 2);  // floor(e / 2)
-  return dot * Pow2(lo) * Pow2(e - lo);
-}
-
 JGA_HOST_DEVICE float DecodeOperand(OperandType t, uint8_t byte) {
   return t == OperandType::kE4M3 ? DecodeE4M3(byte) : DecodeE5M2(byte);
 }

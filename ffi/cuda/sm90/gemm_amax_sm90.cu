@@ -430,9 +430,6 @@ cudaError_t LaunchWithOptions(const GemmAmaxProblem& p, const GemmAmaxBuffers& b
   k.sfb_batch_stride = p.scale_batch_stride(p.n);
   k.sfa = static_cast<const uint8_t*>(buf.sfa);
   k.sfb = static_cast<const uint8_t*>(buf.sfb);
-  k.a = static_cast<const uint8_t*>(buf.a);
-  k.b = static_cast<const uint8_t*>(buf.b);
-  k.row_bytes = static_cast<long long>(kbytes);
   k.c = buf.c;
   k.amax = buf.amax;
   k.c_type = static_cast<int>(p.c_type);
@@ -455,7 +452,6 @@ cudaError_t LaunchWithOptions(const GemmAmaxProblem& p, const GemmAmaxBuffers& b
   k.tile_ready = plan.splits > 1 ? static_cast<unsigned int*>(workspace) : nullptr;
   k.partials = plan.splits > 1 ? reinterpret_cast<float*>(static_cast<uint8_t*>(workspace) + plan.ready_bytes) : nullptr;
   ctx.grid = std::min(k.units_total, sms / cluster) * cluster;
-  if (ctx.grid > kMaxGridCtas) return cudaErrorInvalidConfiguration;  // ResetRound's scan slots
   ctx.mi = mi;
   ctx.pre = kernel_pre;
   if (pre & kPreB) ctx.pre_b = PreconvertPass(p, buf.b, buf.sfb, k.sfb_batch_stride, p.n, false, b_conv);
@@ -534,9 +530,8 @@ cudaError_t PlanFor(const GemmAmaxProblem& p, size_t workspace_bytes, const Laun
 
 cudaError_t AllocResetWord(unsigned int** word) {
   void* ptr = nullptr;
-  constexpr size_t kBytes = sizeof(unsigned int) * (1 + kMaxGridCtas);  // the word, then ResetRound's scan slots
-  cudaError_t err = cudaMalloc(&ptr, kBytes);
-  if (err == cudaSuccess) err = cudaMemset(ptr, 0, kBytes);
+  cudaError_t err = cudaMalloc(&ptr, sizeof(unsigned int));
+  if (err == cudaSuccess) err = cudaMemset(ptr, 0, sizeof(unsigned int));
   if (err == cudaSuccess) err = cudaDeviceSynchronize();
   if (err != cudaSuccess) {
     cudaFree(ptr);

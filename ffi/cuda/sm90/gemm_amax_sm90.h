@@ -68,8 +68,6 @@ cudaError_t Launch(const GemmAmaxProblem& p, const GemmAmaxBuffers& buf, void* w
 constexpr int kSplitReducerBonusUnits = 4;
 
 // Testing / benchmarking knobs (not part of the product API).
-// CTAs of one launch at most: the reset word's allocation holds one scan slot per CTA after it.
-constexpr int kMaxGridCtas = 1024;
 constexpr int kTraceSlots = 28;  // LaunchOptions::trace counters (sm90_kernel.cuh TraceSlot)
 struct LaunchOptions {
   bool skip_amax = false;  // leave amax untouched: no reset, no flush (each thread's running maximum still runs)

@@ -75,12 +75,6 @@ struct VariantTraits {
   static constexpr int kOD = kO - kD;         // multiplier exponent field = s + kOD
   static constexpr int kT = 254 - kOD;        // largest e8m0 byte handled by one multiply
   static constexpr float kAccScale = kFp4 ? 65536.0f : 1.0f;  // 2^(2D)
-  // e8m0 scale bytes for which every code x scale (x 2^-D) is a BF16 value, exactly: the smallest
-  // code magnitude (e4m3 2^-9, e5m2 2^-16, e2m1 2^-1 x 2^-8) stays at or above BF16's smallest
-  // subnormal 2^-133 and the largest (448, 57344, 6 x 2^-8) below 2^128. A valid scale outside
-  // (but not NaN, 0xFF) makes the launch compute C exactly on the CUDA cores (ExactEpilogue).
-  static constexpr int kSafeLo = (V == kV_E5M2) ? 10 : 3;
-  static constexpr int kSafeHi = (V == kV_E4M3) ? 246 : (V == kV_E5M2) ? 239 : 254;
 };
 
 struct KParams {
@@ -92,9 +86,6 @@ struct KParams {
   long long sfa_batch_stride, sfb_batch_stride;
   const uint8_t* sfa;
   const uint8_t* sfb;
-  const uint8_t* a;    // the operands' codes (l, rows, row_bytes), for ExactEpilogue
-  const uint8_t* b;
-  long long row_bytes;
   void* c;
   float* amax;
   int c_type;
@@ -119,7 +110,6 @@ struct KParams {
   // The kernel zeroes amax and tile_ready itself (no kernel before it): CTA 0 writes the zeroes,
   // then every CTA arrives on one round of this word, and the consumers wait for the round to
   // complete before their first atomic (ResetRound). nullptr: nothing to zero (no amax, unsplit).
-  // reset_word[1 + cta] (kMaxGridCtas of them) carry each CTA's scale scan to the others.
   unsigned int* reset_word;
 };
 
@@ -256,7 +246,7 @@ struct Smem {
   static constexpr int kOffSfA = kOffBufA + kAStages * kBufA;
   static constexpr int kOffSfB = kOffSfA + kRawStages * kSfA;
   static constexpr int kOffBar = kOffSfB + kRawStages * kSfB;
-  static constexpr int kNumBars = 2 * (kRawStages + kBStages + kAStages) + 4;  // + the ping-pong order pair, the reset round, the exact flag
+  static constexpr int kNumBars = 2 * (kRawStages + kBStages + kAStages) + 3;  // + the ping-pong order pair, the reset round
   static constexpr int kOffStage = (kOffBar + kNumBars * 8 + 127) / 128 * 128;  // epilogue staging, 1 KB per consumer warp
   static constexpr int kBytes = kOffStage + 8 * kStageBytesPerWarp;
   static constexpr int kDynBytes = kBytes + 1024;  // slack for 1024-byte alignment
@@ -487,37 +477,6 @@ __device__ __forceinline__ void Fp8WordToRaw(uint32_t x, uint32_t& p0, uint32_t&
     p1 = (h1 << 5) & 0x8FE08FE0u;
   }
 }
-// The bit move above maps the codes the formats reserve for NaN (e4m3 S.1111.111) and Inf/NaN
-// (e5m2 S.11111.MM) to finite values. Fp8Specials flags them: bit 7 of byte i of the result is set
-// when code i of x is one (the masked code plus one carries into bit 7 only from all-ones; no
-// carry crosses a byte), so ORing the results of many words and testing 0x80808080 tells whether
-// any is. A thread's codes are then converted again with CarrySpecials on the rare path.
-template <int V>
-__device__ __forceinline__ uint32_t Fp8Specials(uint32_t x) {
-  return V == kV_E4M3 ? (x & 0x7F7F7F7Fu) + 0x01010101u : (x & 0x7C7C7C7Cu) + 0x04040404u;
-}
-__device__ __forceinline__ bool AnySpecial(uint32_t specials) { return (specials & 0x80808080u) != 0u; }
-// Raw pair `pr` of codes c0 (low half) and c1 with NaN codes made BF16 NaN and e5m2 Inf codes BF16
-// Inf, keeping the sign: the multipliers that follow keep them (Inf x 0 is NaN, as in fp32).
-template <int V>
-__device__ __forceinline__ uint32_t CarrySpecials(uint32_t pr, uint32_t c0, uint32_t c1) {
-  auto fix = [](uint32_t half, uint32_t c) -> uint32_t {
-    const uint32_t sign = (c & 0x80u) << 8;
-    if constexpr (V == kV_E4M3) {
-      return (c & 0x7Fu) == 0x7Fu ? (sign | 0x7FC0u) : half;
-    } else {
-      return (c & 0x7Cu) != 0x7Cu ? half : (sign | ((c & 0x03u) ? 0x7FC0u : 0x7F80u));
-    }
-  };
-  return fix(pr & 0xFFFFu, c0 & 0xFFu) | (fix(pr >> 16, c1 & 0xFFu) << 16);
-}
-// Fp8WordToRaw with CarrySpecials applied.
-template <int V>
-__device__ __forceinline__ void Fp8WordToRawSpecial(uint32_t x, uint32_t& p0, uint32_t& p1) {
-  Fp8WordToRaw<V>(x, p0, p1);
-  p0 = CarrySpecials<V>(p0, x, x >> 8);
-  p1 = CarrySpecials<V>(p1, x >> 16, x >> 24);
-}
 // fp4: one 32-bit word (8 codes, low nibble first) -> four bf16x2 pairs (k0,k1)...(k6,k7).
 __device__ __forceinline__ void Fp4WordToRaw(uint32_t x, uint32_t& p0, uint32_t& p1, uint32_t& p2, uint32_t& p3) {
   const uint32_t xe = x << 4;  // even-k nibbles in the high half of each byte
@@ -722,51 +681,6 @@ __device__ __forceinline__ void WaitForPartials(const KParams& p, const WorkUnit
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(ready) : "memory");
   } while (!__all_sync(0xFFFFFFFFu, seen >= need));
 }
-// Whether any valid e8m0 scale byte of the operands lies outside [kSafeLo, kSafeHi] (NaN, 0xFF,
-// is not: the conversion carries it). The CTA's two idle producer warps (part 0, 1) scan its share
-// of the 512-byte scale blocks of A and B (block v of A's, then B's, for v = blockIdx.x + gridDim.x
-// * (part + 2i)), two blocks in flight per warp; lane j reads the 16 bytes of row r % 32 == j:
-// rows r + 32q (q = byte / 4), groups 4kb + byte % 4. Padding is not read as scales. Large problems
-// give a CTA a few dozen blocks, scanned well inside its first unit's main loop.
-template <int V>
-__device__ __forceinline__ bool UnsafeScalesInBlock(const KParams& p, int v, int lane) {
-  using Tr = VariantTraits<V>;
-  const int blocks_a = p.row_blocks_a * p.k_blocks, blocks_b = p.row_blocks_b * p.k_blocks;
-  const bool is_a = v < blocks_a * p.l;
-  const int w = is_a ? v : v - blocks_a * p.l;
-  const int per_batch = is_a ? blocks_a : blocks_b;
-  const int l = w / per_batch, rem = w - l * per_batch;
-  const int rb = rem / p.k_blocks, kb = rem - rb * p.k_blocks;
-  const uint8_t* blk = (is_a ? p.sfa + l * p.sfa_batch_stride : p.sfb + l * p.sfb_batch_stride) +
-                       static_cast<long long>(rem) * 512;
-  const uint4 q = __ldg(reinterpret_cast<const uint4*>(blk) + lane);
-  const uint32_t words[4] = {q.x, q.y, q.z, q.w};
-  const int rows = is_a ? p.m : p.n;
-  bool unsafe = false;
-#pragma unroll
-  for (int i = 0; i < 16; ++i) {
-    const uint32_t byte = (words[i >> 2] >> (8 * (i & 3))) & 0xFFu;
-    unsafe |= rb * 128 + 32 * (i >> 2) + lane < rows && kb * 4 + (i & 3) < p.k_groups && byte != 0xFFu &&
-              (byte < static_cast<uint32_t>(Tr::kSafeLo) || byte > static_cast<uint32_t>(Tr::kSafeHi));
-  }
-  return unsafe;
-}
-template <int V>
-__device__ __forceinline__ bool ScanForUnsafeScales(const KParams& p, int part, int lane) {
-  if constexpr (VariantTraits<V>::kScaleE4M3) {
-    return false;  // e4m3 scales times e2m1 codes always fit BF16
-  } else {
-    const int total = (p.row_blocks_a + p.row_blocks_b) * p.k_blocks * p.l;
-    const int stride = 2 * gridDim.x;
-    bool unsafe = false;
-#pragma unroll 2
-    for (int v = blockIdx.x + part * gridDim.x; v < total; v += stride) unsafe |= UnsafeScalesInBlock<V>(p, v, lane);
-    return __any_sync(0xFFFFFFFFu, unsafe);
-  }
-}
-// The two scanning warps (ids 2 and 3) meet at named barrier 2 (0 is __syncthreads, 1 the consumers').
-__device__ __forceinline__ void ScanBarrier() { asm volatile("bar.sync 2, 64;" ::: "memory"); }
-
 // The launch's zeroing of amax and the split-K counters, ordered before every CTA's first atomic
 // without a kernel before this one. p.reset_word is a grid barrier word as cooperative groups keep
 // theirs (cooperative_groups/details/sync.h): zeroed once when allocated, never reset; CTA 0 adds
@@ -775,20 +689,11 @@ __device__ __forceinline__ void ScanBarrier() { asm volatile("bar.sync 2, 64;" :
 // lanes zero, then lane 0 arrives with release and polls with acquire until the bit flips, then
 // arrives on the CTA's reset mbarrier, which the consumers wait for after every main loop (a
 // completed phase: no wait after the first).
-// The same round hands each CTA's ScanForUnsafeScales result to all: slot 1 + CTA, written before
-// the CTA's release; after the round every CTA reads all slots and leaves at `exact_flag` (shared
-// memory, before the mbarrier arrive that publishes it) whether this launch computes C exactly.
-template <int V>
-__device__ __forceinline__ void ResetRound(const KParams& p, uint32_t bar_reset, uint32_t exact_flag, int lane) {
-  if (p.reset_word == nullptr) {  // nothing to zero (amax skipped, unsplit: timing runs only)
-    if (lane == 0) asm volatile("st.shared.u32 [%0], %1;" ::"r"(exact_flag), "r"(0u) : "memory");
+__device__ __forceinline__ void ResetRound(const KParams& p, uint32_t bar_reset, int lane) {
+  if (p.reset_word == nullptr) {  // nothing to zero
     MbarArriveIf(bar_reset, lane == 0);
     return;
   }
-  // Warp 3 has left its half of the scan at exact_flag.
-  bool unsafe = ScanForUnsafeScales<V>(p, 0, lane);
-  ScanBarrier();
-  unsafe |= Lds32(exact_flag) != 0u;
   if (blockIdx.x == 0) {
     if ((p.flags & kFlagNoAmax) == 0)
       for (int i = lane; i < p.l; i += 32) p.amax[i] = 0.0f;
@@ -798,7 +703,6 @@ __device__ __forceinline__ void ResetRound(const KParams& p, uint32_t bar_reset,
     __syncwarp();
   }
   if (lane == 0) {
-    p.reset_word[1 + blockIdx.x] = unsafe ? 1u : 0u;
     const uint32_t add = blockIdx.x == 0 ? 0x80000000u - (gridDim.x - 1u) : 1u;
     uint32_t old, now;
     asm volatile("atom.add.release.gpu.u32 %0, [%1], %2;" : "=r"(old) : "l"(p.reset_word), "r"(add) : "memory");
@@ -806,18 +710,6 @@ __device__ __forceinline__ void ResetRound(const KParams& p, uint32_t bar_reset,
       asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(now) : "l"(p.reset_word) : "memory");
       if (((now ^ old) & 0x80000000u) == 0u) __nanosleep(100);
     } while (((now ^ old) & 0x80000000u) == 0u);
-    asm volatile("fence.acq_rel.gpu;" ::: "memory");
-  }
-  __syncwarp();
-  bool any = false;
-  for (int i = lane; i < static_cast<int>(gridDim.x); i += 32) {
-    uint32_t slot;
-    asm volatile("ld.relaxed.gpu.u32 %0, [%1];" : "=r"(slot) : "l"(p.reset_word + 1 + i) : "memory");
-    any |= slot != 0u;
-  }
-  any = __any_sync(0xFFFFFFFFu, any);
-  if (lane == 0) {
-    asm volatile("st.shared.u32 [%0], %1;" ::"r"(exact_flag), "r"(any ? 1u : 0u) : "memory");
     MbarArriveIf(bar_reset, true);
   }
   __syncwarp();
@@ -932,63 +824,6 @@ __device__ __forceinline__ void Epilogue(float (&acc)[MI][64], const KParams& p,
   }
 }
 
-// C element (l, row, col) computed exactly from the codes and scales in global memory: per K
-// group the fp32 dot of the decoded values, times its scales (ScaleBlockDot), summed in fp32.
-template <int V>
-__device__ __forceinline__ float ExactElement(const KParams& p, int l, int row, int col) {
-  using Tr = VariantTraits<V>;
-  const uint8_t* a = p.a + (static_cast<long long>(l) * p.m + row) * p.row_bytes;
-  const uint8_t* b = p.b + (static_cast<long long>(l) * p.n + col) * p.row_bytes;
-  const uint8_t* sfa = p.sfa + l * p.sfa_batch_stride + static_cast<long long>(row >> 7) * p.k_blocks * 512;
-  const uint8_t* sfb = p.sfb + l * p.sfb_batch_stride + static_cast<long long>(col >> 7) * p.k_blocks * 512;
-  constexpr ScaleType kScale = Tr::kScaleE4M3 ? ScaleType::kE4M3 : ScaleType::kE8M0;
-  float sum = 0.0f;
-#pragma unroll 1
-  for (int g = 0; g < p.k_groups; ++g) {
-    float dot = 0.0f;
-    if constexpr (Tr::kFp4) {
-      const uint8_t* ag = a + g * (Tr::kSfv / 2);
-      const uint8_t* bg = b + g * (Tr::kSfv / 2);
-#pragma unroll 4
-      for (int i = 0; i < Tr::kSfv / 2; ++i) {
-        dot = fmaf(DecodeE2M1(ag[i] & 0xF), DecodeE2M1(bg[i] & 0xF), dot);
-        dot = fmaf(DecodeE2M1(ag[i] >> 4), DecodeE2M1(bg[i] >> 4), dot);
-      }
-    } else {
-      const uint8_t* ag = a + g * Tr::kSfv;
-      const uint8_t* bg = b + g * Tr::kSfv;
-      constexpr OperandType kOp = V == kV_E4M3 ? OperandType::kE4M3 : OperandType::kE5M2;
-#pragma unroll 4
-      for (int i = 0; i < Tr::kSfv; ++i) dot = fmaf(DecodeOperand(kOp, ag[i]), DecodeOperand(kOp, bg[i]), dot);
-    }
-    const uint32_t off = (g >> 2) * 512;
-    sum += ScaleBlockDot(dot, kScale, sfa[off + SfInBlock(row, g & 3)], sfb[off + SfInBlock(col, g & 3)]);
-  }
-  return sum;
-}
-
-// The epilogue of a launch that ScanForUnsafeScales sent down the exact path: the thread's C
-// elements (Epilogue's) from ExactElement, stored and folded into amax as Epilogue does. Slow (CUDA
-// cores, operands read from global memory per element) and only for scales beyond BF16's reach,
-// where the BF16 tile in the accumulators is not the answer.
-template <int CT, int MI, int V>
-__device__ __forceinline__ void ExactEpilogue(const KParams& p, int l, int row_w, int col_t, int lane, float& amax_run) {
-  const int gr = FragRow(lane >> 2), t = lane & 3;
-  const size_t batch_off = static_cast<size_t>(l) * p.m;
-#pragma unroll 1
-  for (int e = 0; e < MI * 2 * 16; ++e) {
-    const int mi = e / 32, rr = (e / 16) & 1, j = e & 15;
-    const int row = row_w + gr + mi * 64 + rr * 8, col = col_t + 2 * t + 8 * j;
-    if (row >= p.m || col >= p.n) continue;
-    const bool two = col + 1 < p.n;
-    const float v0 = ExactElement<V>(p, l, row, col);
-    const float v1 = two ? ExactElement<V>(p, l, row, col + 1) : 0.0f;
-    amax_run = AbsMaxNaN(amax_run, v0);
-    if (two) amax_run = AbsMaxNaN(amax_run, v1);
-    StorePair<CT>(p.c, (batch_off + row) * static_cast<size_t>(p.n) + col, v0, v1, two);
-  }
-}
-
 // ---------------------------------------------------------------------------------------------
 // Scale-group bookkeeping of one thread's 16 (fp8) / 16 (fp4, 8 bytes) codes of a 64-K unit.
 //   fp8:  unit ui = half h of the slab; chunk t of the half -> group-in-slab 2h + t/2
@@ -1078,22 +913,14 @@ __device__ __forceinline__ void ConvertRowUnit(const uint32_t (&codes)[16], cons
       ScaleToMul<V>(sf[gi], valid[gi], m1[gi], m2[gi], big);
       any_big |= big;
     }
-    uint32_t specials = 0u;
-#pragma unroll
-    for (int i = 0; i < 16; ++i) specials |= Fp8Specials<V>(codes[i]);
-    // The rare path also carries NaN/Inf codes (its second multiplier is 1 where no scale is big).
-    WithSecondMultiplyIfAny(any_big || AnySpecial(specials), [&](auto two_multiplies) {
+    WithSecondMultiplyIfAny(any_big, [&](auto two_multiplies) {
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
         uint32_t lo[4], hi[4];
 #pragma unroll
         for (int t = 0; t < 4; ++t) {
           uint32_t a0, a1;
-          if constexpr (decltype(two_multiplies)::value) {
-            Fp8WordToRawSpecial<V>(codes[4 * t + s], a0, a1);
-          } else {
-            Fp8WordToRaw<V>(codes[4 * t + s], a0, a1);
-          }
+          Fp8WordToRaw<V>(codes[4 * t + s], a0, a1);
           const int gi = t >> 1;
           a0 = MulBF16x2(a0, m1[gi]);
           a1 = MulBF16x2(a1, m1[gi]);
@@ -1316,7 +1143,6 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
   const uint32_t bar_empty_a = bar_full_a + 8 * kAStages;
   const uint32_t bar_order = bar_empty_a + 8 * kAStages;  // ping-pong: warpgroup w's turn, w = 0, 1
   const uint32_t bar_reset = bar_order + 16;  // ResetRound: amax and the split-K counters are zero
-  const uint32_t bar_exact = bar_reset + 8;   // ResetRound's verdict: 1 if C is computed exactly (ExactEpilogue)
 
   // Broadcast from lane 0 so that ptxas can prove the role branches warp-uniform: WGMMA inside a
   // path it considers divergent gets serialized (a wait after every instruction, ptxas C7518).
@@ -1511,11 +1337,7 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
       }
       tr.Flush(p.trace, lane0);
     } else if (warp_idx == 2) {  // a warp that issues no copies
-      ResetRound<V>(p, bar_reset, bar_exact, lane);
-    } else if (warp_idx == 3 && p.reset_word != nullptr) {  // the other half of ResetRound's scale scan
-      const bool unsafe = ScanForUnsafeScales<V>(p, 1, lane);
-      if (lane == 0) asm volatile("st.shared.u32 [%0], %1;" ::"r"(bar_exact), "r"(unsafe ? 1u : 0u) : "memory");
-      ScanBarrier();
+      ResetRound(p, bar_reset, lane);
     }
   } else if (warp_idx < R::kFirstConsumerWarp) {
     // ======================= WG1 (and WG2 at MI = 1): B converters =======================
@@ -1834,26 +1656,6 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
 #pragma unroll
                   for (int r = 0; r < 4; ++r) f[s][r] = MulBF16x2(f[s][r], m2v[r & 1]);
               }
-              // Rarer (a NaN or Inf code among this warp's): convert again, carrying them.
-              if constexpr (!Tr::kFp4) {
-                uint32_t specials = 0u;
-#pragma unroll
-                for (int rr = 0; rr < 2; ++rr)
-#pragma unroll
-                  for (int s = 0; s < 4; ++s) specials |= Fp8Specials<V>(rawv[mi][rr][s]);
-                if (__any_sync(0xFFFFFFFFu, AnySpecial(specials))) {
-#pragma unroll
-                  for (int rr = 0; rr < 2; ++rr)
-#pragma unroll
-                    for (int s = 0; s < 4; ++s) {
-                      uint32_t pr[2];
-                      Fp8WordToRawSpecial<V>(rawv[mi][rr][s], pr[0], pr[1]);
-#pragma unroll
-                      for (int hh = 0; hh < 2; ++hh)
-                        f[s][rr + 2 * hh] = MulBF16x2(MulBF16x2(pr[hh], m1v[rr]), m2v[rr]);
-                    }
-                }
-              }
             }
             // The slab's last step has consumed every value loaded from the raw stage: hand it back
             // (after the conversion, so that the fence finds no load of this thread in flight).
@@ -1932,14 +1734,8 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
         const int col_t = (tc.nt * kCl + rank) * kBN;
         const bool full = (tc.mt * kBM + kBM <= p.m) && (col_t + kBN <= p.n);
         const uint32_t stage = smem + S::kOffStage + (warp_idx - R::kFirstConsumerWarp) * kStageBytesPerWarp;
-        // A vote, so that ptxas sees a warp-uniform branch (see FlushAmax).
-        const bool exact = __any_sync(0xFFFFFFFFu, Lds32(bar_exact) != 0u);
         auto epilogue = [&](auto ct) {
-          if (exact) {
-            ExactEpilogue<decltype(ct)::value, MI, V>(p, tc.l, row_w, col_t, lane, amax_run);
-          } else {
-            Epilogue<decltype(ct)::value, MI, V>(acc, p, tc.l, row_w, col_t, full, stage, lane, amax_run);
-          }
+          Epilogue<decltype(ct)::value, MI, V>(acc, p, tc.l, row_w, col_t, full, stage, lane, amax_run);
         };
         switch (p.c_type) {
           case static_cast<int>(OutputType::kF32): epilogue(std::integral_constant<int, 0>{}); break;

@@ -67,7 +67,7 @@ def test_every_plan_with_unsafe_scales(rng, m, n, k, preconvert, monkeypatch):
 
 @pytest.mark.skipif(not ON_GPU, reason="the GPU kernel's two paths in one program")
 def test_safe_call_after_unsafe_call_takes_the_fast_path_again(rng):
-    """Each launch scans its own scales: an ordinary problem after one with unsafe scales is right too."""
+    """An ordinary problem right after one with unsafe scales, in one process, is right too."""
     p = _unsafe_problem(rng, "e4m3", 512, 512, 1024)
     _check(p, "float32")
     q = npref.random_problem(rng, "e4m3", E8M0, 32, 512, 512, 1024)

@@ -67,8 +67,7 @@ def _problem(rng, kind, m, n, k, nan, inf):
 
 
 def _run(p, c_dtype, device=None):
-    f = jax.jit(lambda *x: jga.gemm_amax(*x, c_dtype=c_dtype), device=device) if device else jax.jit(
-        lambda *x: jga.gemm_amax(*x, c_dtype=c_dtype))
+    f = jax.jit(lambda *x: jga.gemm_amax(*x, c_dtype=c_dtype), device=device)
     return f(p.a[0], p.b[0], p.sfa[0], p.sfb[0])
 
 

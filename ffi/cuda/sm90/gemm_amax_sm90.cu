@@ -188,7 +188,7 @@ struct PreChoices {
 };
 
 Plan MakePlan(const GemmAmaxProblem& p, int sms, const LaunchOptions& opt, size_t available, const PreChoices& pc) {
-  const long long tn = CeilDiv(CeilDiv(p.n, 128), kCluster) * kCluster;
+  const long long tn = CeilDiv(p.n, 128);
   const long long nslabs = CeilDiv(p.operand_row_bytes(), 128);
   const long long units_per_slab = UnitsPerSlab(p);
   double pass_units[4];  // the passes of each operand choice: the same for every candidate
@@ -210,8 +210,7 @@ Plan MakePlan(const GemmAmaxProblem& p, int sms, const LaunchOptions& opt, size_
     auto wave_cost = [&](int splits) {
       return wave_units(splits) + epilogue + (splits > 1 ? kSplitCostPerRowBlock * mi * (splits - 1) + 0.6 : 0.0);
     };
-    // Split-K partial slots are per cluster tile: with 2-CTA clusters (an experiment) they would clash.
-    const long long max_splits = kCluster == 1 ? std::min<long long>(kMaxSplits, nslabs) : 1;
+    const long long max_splits = std::min<long long>(kMaxSplits, nslabs);
     for (int splits = 1; splits <= max_splits; ++splits) {
       if (opt.force_splits > 0 && splits != std::min<long long>({opt.force_splits, kMaxSplits, nslabs})) continue;
       // Tiles run whole before the split ones: none (every tile split), or, when the last wave is
@@ -368,10 +367,9 @@ PreconvertParams PreconvertPass(const GemmAmaxProblem& p, const void* codes, con
 }  // namespace
 
 // The kernel's kPre bits for a plan: its pre-converted operands, and kPingPong for an unsplit A'B'
-// plan (the cooperative A'B' kernel only in experiment builds, for comparisons: kFlagCooperativeAB).
-static int KernelPre(const Plan& plan, int pre, const LaunchOptions& opt) {
+// plan.
+static int KernelPre(const Plan& plan, int pre) {
   if (plan.mi != 2 || plan.splits != 1 || pre != (kPreA | kPreB)) return pre;
-  if (kExperiments && (opt.experiment_flags & kFlagCooperativeAB)) return pre;
   return pre | kPingPong;
 }
 
@@ -402,10 +400,10 @@ cudaError_t LaunchWithOptions(const GemmAmaxProblem& p, const GemmAmaxBuffers& b
   const int mi = plan.mi;
 
   LaunchCtx ctx{};  // zeroed: a field left unset (reset_word without amax or split) reads as null
-  const int kernel_pre = KernelPre(plan, pre, opt);
+  const int kernel_pre = KernelPre(plan, pre);
   const int cluster = ClusterCTAs(kernel_pre), tile_rows = TileRows(kernel_pre, mi);
   const uint64_t kbytes = static_cast<uint64_t>(p.operand_row_bytes());
-  const uint32_t box_a = std::min(tile_rows / ASharingCTAs(kernel_pre), kBoxRows), box_b = std::min(128, kBoxRows);
+  const uint32_t box_a = std::min(tile_rows / cluster, kBoxRows), box_b = std::min(kBN, kBoxRows);
   // The operands as codes, or (pre-converted) as BF16 units of 128 bytes in the workspace: B' at
   // its start (after the split-K counters and partials, if any), A' after it.
   uint8_t* const b_conv = static_cast<uint8_t*>(workspace) + plan.split_bytes;
@@ -434,7 +432,7 @@ cudaError_t LaunchWithOptions(const GemmAmaxProblem& p, const GemmAmaxBuffers& b
   k.amax = buf.amax;
   k.c_type = static_cast<int>(p.c_type);
   k.c_aligned16 = (reinterpret_cast<uintptr_t>(buf.c) % 16 == 0 && p.c_row_bytes() % 16 == 0) ? 1 : 0;
-  k.flags = (opt.skip_amax ? kFlagNoAmax : 0) | (opt.experiment_flags & ~kFlagNoAmax);
+  k.flags = opt.skip_amax ? kFlagNoAmax : 0;
   k.trace = opt.trace;
   k.tiles_m = static_cast<int>(CeilDiv(p.m, tile_rows));
   k.tiles_n = static_cast<int>(CeilDiv(CeilDiv(p.n, 128), cluster));
@@ -523,7 +521,7 @@ cudaError_t PlanFor(const GemmAmaxProblem& p, size_t workspace_bytes, const Laun
   info->splits = plan.splits;
   info->whole_tiles = plan.whole_tiles;
   info->clusters = dev >= 0 && dev < kMaxDevices
-                       ? MaxActiveClusters(dev, VariantOf(p), plan.mi, KernelKind(plan.splits > 1, KernelPre(plan, pre, opt)))
+                       ? MaxActiveClusters(dev, VariantOf(p), plan.mi, KernelKind(plan.splits > 1, KernelPre(plan, pre)))
                        : 0;
   return cudaSuccess;
 }

@@ -78,7 +78,6 @@ struct LaunchOptions {
                            // is tile 256 unsplit and the workspace holds the BF16 B
   int preconvert_a = -1;   // the same for A (kPreconvertAMinN), split-K plans of tile 256 included
   int split_bonus_units = -1;  // -1: kSplitReducerBonusUnits; else the split-K reducer's extra 64-K units
-  int experiment_flags = 0;  // internal timing experiments (see sm90_kernel.cuh kFlag*); results are wrong
   unsigned long long* trace = nullptr;  // kTraceSlots device counters, used by -DJGA_SM90_TRACE builds only
   unsigned int* reset_word = nullptr;   // see Launch
 };

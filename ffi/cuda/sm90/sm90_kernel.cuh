@@ -118,12 +118,9 @@ struct KParams {
 // tile at either height, so at MI = 1 it is the same work for half the MMAs, and with one converter
 // the consumers waited for it (JGA_SM90_TRACE, 8192^3: ~450 cycles per slab for full B buffers).
 // At MI = 2 the consumers' registers leave no room for a second converter.
-#ifndef JGA_SM90_CONVERTERS_MI1
-#define JGA_SM90_CONVERTERS_MI1 2
-#endif
 template <int MI>
 struct Roles {
-  static constexpr int kConverterWGs = MI == 1 ? JGA_SM90_CONVERTERS_MI1 : 1;
+  static constexpr int kConverterWGs = MI == 1 ? 2 : 1;
   static constexpr int kFirstConsumerWarp = 4 * (1 + kConverterWGs);
   static constexpr int kThreads = 32 * kFirstConsumerWarp + 256;
   // setmaxnreg budgets. The CTA's register pool is what it was launched with: the per-thread count
@@ -137,26 +134,8 @@ struct Roles {
       (kLaunchRegs * kThreads - 128 * kProducerRegs - 128 * kConverterWGs * kConverterRegs) / 256 / 8 * 8;
   static_assert(kConsumerRegs >= 160, "consumer register budget");
 };
-// CTAs are launched in clusters of kCluster along N: the CTAs of a cluster share one m-tile and
-// take adjacent n-tiles; each loads 1/kCluster of the A slab and multicasts it to all of them,
-// which cuts the L2->SM traffic per CTA from (A + B) to (A / kCluster + B). (The raw loads alone
-// are L2-bandwidth bound without it: 48 KB per 128-K slab per SM.)
-#ifndef JGA_SM90_CLUSTER
-#define JGA_SM90_CLUSTER 1
-#endif
-constexpr int kCluster = JGA_SM90_CLUSTER;
-// Experiment: JGA_SM90_SHARE_A=0 launches the clusters but loads A per CTA (no multicast, no coupled
-// raw stages): what the cluster launch alone costs.
-#ifndef JGA_SM90_SHARE_A
-#define JGA_SM90_SHARE_A 1
-#endif
-constexpr int kAShare = JGA_SM90_SHARE_A ? kCluster : 1;  // CTAs that share (and load part of) one A slab
 // Rows per TMA box (A and B slabs are loaded as several boxes of this many 128-byte rows).
-#ifndef JGA_SM90_BOX_ROWS
-#define JGA_SM90_BOX_ROWS 64
-#endif
-constexpr int kBoxRows = JGA_SM90_BOX_ROWS;
-static_assert(kCluster == 1 || kCluster == 2 || kCluster == 4, "cluster size");
+constexpr int kBoxRows = 64;
 // Which row of its 8-row group the A codes (and so the accumulators and C values) of fragment row
 // g carry. The WGMMA fragment gives lanes 4g..4g+3 row g; an LDS.128 is served a quarter-warp at a
 // time, i.e. rows g and g+1 (lanes 0-7, 8-15, ...). In the TMA's 128B swizzle a 16-byte chunk c of
@@ -165,28 +144,8 @@ static_assert(kCluster == 1 || kCluster == 2 || kCluster == 4, "cluster size");
 // g/2 + 4 instead puts them into opposite halves of the 128 bytes (conflict-free; fp4's 8-byte
 // loads: 2-way instead of 4-way).
 __device__ __forceinline__ int FragRow(int g) { return (g >> 1) | ((g & 1) << 2); }
-// KParams::flags bits. Only kFlagNoAmax is honoured by production builds; the others switch parts
-// of the kernel off for timing experiments (results wrong) and exist only in harness builds
-// (-DJGA_SM90_EXPERIMENTS): reading them costs a constant-bank load and a branch per step.
-#ifdef JGA_SM90_EXPERIMENTS
-constexpr bool kExperiments = true;
-#else
-constexpr bool kExperiments = false;
-#endif
-__device__ __forceinline__ bool Experiment(const KParams& p, int flag) { return kExperiments && (p.flags & flag) != 0; }
+// KParams::flags bits.
 constexpr int kFlagNoAmax = 1;  // no amax flush (LaunchOptions::skip_amax); the per-element maximum still runs
-constexpr int kFlagNoMma = 2;    // experiment: consumers skip WGMMA (wrong results)
-constexpr int kFlagNoConvB = 4;  // experiment: converter skips B conversion (wrong results)
-constexpr int kFlagNoConvA = 8;  // experiment: consumers skip A conversion (wrong results)
-constexpr int kFlagNoEpilogue = 16;  // experiment: no C stores, no amax (wrong results)
-constexpr int kFlagNoScales = 64;    // experiment: producer skips the scale-block copies
-constexpr int kFlagNoBLoad = 128;    // experiment: producer skips the B tile
-constexpr int kFlagNoFence = 256;    // experiment: converter skips the proxy fence (unsafe)
-constexpr int kFlagHalfConvB = 512;  // experiment: converter rows 64-127 skip the B conversion (wrong results)
-constexpr int kFlagHalfPreA = 1024;  // experiment: only the first half of each pre-converted A unit's rows is loaded (wrong results; not in kPingPong)
-constexpr int kFlagPassesOnly = 2048;  // experiment: only the pre-conversion passes run (no reset, no GEMM): to time them
-constexpr int kFlagNoCStores = 4096;  // experiment: the staged epilogue skips only its global stores (wrong results)
-constexpr int kFlagCooperativeAB = 32768;  // experiment (host): an unsplit A'B' plan runs the cooperative kernel, not kPingPong
 constexpr int kBN = 128;
 // Epilogue staging buffer of each of the 8 consumer warps (see Epilogue).
 constexpr int kStageBytesPerWarp = 1024;
@@ -205,12 +164,11 @@ constexpr int kStageBytesPerWarp = 1024;
 // L2->SM traffic per unit is 8 + 16 KB instead of 16 + 16: without it the 128-row tiles' main loop
 // is L2-bound, 3-5% slower than the cooperative kernel's (DESIGN.md, "The ping-pong A'B' kernel").
 constexpr int kPreB = 1, kPreA = 2, kPingPong = 4;
-// The shape of a kPre kernel's work, for the kernel (Smem) and the host that launches it: CTAs per
-// cluster (along N), rows of a tile (ping-pong: one warpgroup's), CTAs that each load a part of an
-// A tile for all of the cluster (multicast).
-constexpr int ClusterCTAs(int pre) { return (pre & kPingPong) ? 2 : kCluster; }
+// The shape of a kernel's work, for the kernel (Smem) and the host that launches it: CTAs per
+// cluster (along N; a ping-pong cluster's CTAs each load a part of the A tile for both), rows of a
+// tile (ping-pong: one warpgroup's).
+constexpr int ClusterCTAs(int pre) { return (pre & kPingPong) ? 2 : 1; }
 constexpr int TileRows(int pre, int mi) { return (pre & kPingPong) ? 64 * mi : 128 * mi; }
-constexpr int ASharingCTAs(int pre) { return (pre & kPingPong) ? 2 : kAShare; }
 template <int V, int MI, int kPre = 0>
 struct Smem {
   using Tr = VariantTraits<V>;
@@ -342,7 +300,7 @@ __device__ __forceinline__ void TmaLoad3DMulticast(uint32_t dst, const CUtensorM
 // epilogue's stores too): the paired ping-pong kernel ran at 217 against 572 TF/s with it (8192^3,
 // measured). The reads the arrive hands back are this CTA's completed WGMMA reads of its
 // own shared memory, which CTA scope orders (as CUTLASS's ClusterBarrier::arrive(cta_id)).
-template <int kCTAs = kAShare>
+template <int kCTAs>
 __device__ __forceinline__ void MbarArriveClusterIf(uint32_t bar, bool pred) {
 #pragma unroll
   for (int c = 0; c < kCTAs; ++c) {
@@ -362,11 +320,11 @@ __device__ __forceinline__ void MbarArriveClusterIf(uint32_t bar, bool pred) {
     }
   }
 }
-template <int kCTAs = kCluster>
+template <int kCTAs>
 __device__ __forceinline__ void ClusterSync() {
   if constexpr (kCTAs > 1) asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
-template <int kCTAs = kCluster>
+template <int kCTAs>
 __device__ __forceinline__ uint32_t ClusterCtaRank() {
   uint32_t r = 0;
   if constexpr (kCTAs > 1) asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
@@ -387,7 +345,7 @@ __device__ __forceinline__ void FenceProxyAsync() { asm volatile("fence.proxy.as
 __device__ __forceinline__ void ReleaseRawStage(uint32_t bar, int lane) {
   FenceProxyAsync();
   __syncwarp();
-  MbarArriveClusterIf(bar, lane == 0);
+  MbarArriveIf(bar, lane == 0);
 }
 // WGMMA descriptor of a 128B-swizzled K-major tile in shared memory (rows of 128 bytes, 8-row groups
 // of 1024 bytes): start address / 16 (1024-aligned tiles below 2^18, so adding k-step offsets never
@@ -791,8 +749,7 @@ __device__ __forceinline__ void Epilogue(float (&acc)[MI][64], const KParams& p,
             const int r = h * (32 / CPR) + lane / CPR, c = lane % CPR;
             const uint4 v = Lds128(stage + r * RB + (swz(r, c) << 4));
             uint8_t* dst = c_tile + (mi * 64 + rr * 8 + r) * row_pitch + cb * RB + c * 16;
-            if (!Experiment(p, kFlagNoCStores))
-              asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+            asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
                            : "memory");
           }
           __syncwarp();
@@ -1019,19 +976,11 @@ struct UnitPos {
 // (13.9-14.0 us; four units need 128 registers and gain nothing more). At 8192^2 the
 // pass moves its 203 MB at ~3.6 TB/s, the rate of a bare read-1-write-2 kernel on an H200 and
 // within ~2% of a plain copy's (harness `ceiling`): the DRAM ceiling of its traffic.
-// Other grid shapes (build.sh OUT -DJGA_PRECONVERT_UNITS=1 -DJGA_PRECONVERT_THREADS=512) and a
-// grid-stride loop that loads the next unit before storing the current one read -3% to +2% of
-// this at 8192^3 (the loop held to 64 registers spilled and lost 18%).
-#ifdef JGA_PRECONVERT_UNITS
-constexpr int kPreconvertUnitsPerThread = JGA_PRECONVERT_UNITS;
-#else
+// Other grid shapes (one unit per thread, 512 threads per CTA) and a grid-stride loop that loads
+// the next unit before storing the current one read -3% to +2% of this at 8192^3 (the loop held to
+// 64 registers spilled and lost 18%).
 constexpr int kPreconvertUnitsPerThread = 2;
-#endif
-#ifdef JGA_PRECONVERT_THREADS
-constexpr int kPreconvertThreads = JGA_PRECONVERT_THREADS;
-#else
 constexpr int kPreconvertThreads = 256;
-#endif
 
 // Loads unit v's codes and scale bytes (GatherRowUnit); past the last unit, every group is invalid
 // (multiplier 0), so dead lanes still vote in ConvertRowUnit.
@@ -1157,7 +1106,7 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
     for (int s = 0; s < kRawStages; ++s) {
       MbarInit(bar_full_raw + 8 * s, 1);
       // the warps that read the stage: consumers (A codes), converters (B codes)
-      MbarInit(bar_empty_raw + 8 * s, ((kPreconvertedA ? 0 : 8) + (kPreconvertedB ? 0 : 4 * R::kConverterWGs)) * kAShare);
+      MbarInit(bar_empty_raw + 8 * s, (kPreconvertedA ? 0 : 8) + (kPreconvertedB ? 0 : 4 * R::kConverterWGs));
     }
     constexpr int kReaders = S::kPingPongTiles ? 4 : 8;  // consumer warps that read a stage
     for (int s = 0; s < kAStages; ++s) {
@@ -1197,7 +1146,7 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
     const bool issues_raw = kRawStages > 0 && warp_idx == 0;
     const bool issues_pre = kPre != 0 && warp_idx == 1;
     const bool lane0 = threadIdx.x % 32 == 0;
-    constexpr int kPartRows = kBM / ASharingCTAs(kPre);  // rows of the A slab this CTA loads for all
+    constexpr int kPartRows = kBM / kCl;  // rows of the A tile this CTA loads for all of the cluster
     constexpr int kBoxA = kPartRows < kBoxRows ? kPartRows : kBoxRows;  // as the host encodes
     constexpr int kBoxB = kBN < kBoxRows ? kBN : kBoxRows;
     if (issues_raw) {  // the codes (and scales) converted in this kernel
@@ -1223,25 +1172,17 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
           tr.Start();
           if (lane0) {
             const uint32_t fb = bar_full_raw + 8 * stage;
-            const bool skip_sf = Experiment(p, kFlagNoScales), skip_b = Experiment(p, kFlagNoBLoad);
-            MbarArriveExpectTx(fb, S::kTxBytes - (skip_sf ? S::kSfA + S::kSfB : 0) - (skip_b ? S::kRawB : 0));
-            const int a_part = kAShare > 1 ? rank : 0;
-            const uint32_t dst_a = smem + S::kOffRawA + stage * S::kRawA + a_part * kPartRows * 128;
+            MbarArriveExpectTx(fb, S::kTxBytes);
+            const uint32_t dst_a = smem + S::kOffRawA + stage * S::kRawA;
 #pragma unroll
-            for (int bx = 0; bx < kPartRows / kBoxA; ++bx) {
+            for (int bx = 0; bx < kBM / kBoxA; ++bx) {
               if (kPreconvertedA) break;
-              const uint32_t dst = dst_a + bx * kBoxA * 128;
-              const int row = pc.mt * kBM + a_part * kPartRows + bx * kBoxA;
-              if constexpr (kAShare > 1) {
-                TmaLoad3DMulticast(dst, &tm_a, fb, slab * 128, row, pc.l, static_cast<uint16_t>((1u << kCluster) - 1));
-              } else {
-                TmaLoad3D(dst, &tm_a, fb, slab * 128, row, pc.l);
-              }
+              TmaLoad3D(dst_a + bx * kBoxA * 128, &tm_a, fb, slab * 128, pc.mt * kBM + bx * kBoxA, pc.l);
             }
             JGA_TRACE_FIRST_ISSUE(kTrProducerIssuedA);
 #pragma unroll
             for (int bx = 0; bx < kBN / kBoxB; ++bx) {
-              if (skip_b || kPreconvertedB) break;
+              if (kPreconvertedB) break;
               TmaLoad3D(smem + S::kOffRawB + stage * S::kRawB + bx * kBoxB * 128, &tm_b, fb, slab * 128,
                         my_nt * kBN + bx * kBoxB, pc.l);
             }
@@ -1249,7 +1190,6 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
             // Scale blocks: each 512 bytes = 128 rows x 4 groups, contiguous in the physical layout.
 #pragma unroll
             for (int j = 0; j < kNSB; ++j) {
-              if (skip_sf) break;
               const int kb4 = min(slab * kNSB + j, p.k_blocks - 1);
               if constexpr (!kPreconvertedA) {
 #pragma unroll
@@ -1293,8 +1233,7 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
               tr.Stop(kTrProducerWaitPre);
               if (lane0) {
                 const uint32_t fba = bar_full_a + 8 * a_stage;
-                const bool half = !S::kPingPongTiles && Experiment(p, kFlagHalfPreA);  // not with multicast halves
-                MbarArriveExpectTx(fba, half ? S::kBufA / 2 : S::kBufA);
+                MbarArriveExpectTx(fba, S::kBufA);
                 if constexpr (S::kPingPongTiles) {  // this CTA's half of the rows, into both CTAs
                   constexpr int kHalf = kBM / 2;
 #pragma unroll
@@ -1305,7 +1244,7 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
                   }
                 } else {
 #pragma unroll
-                  for (int bx = 0; bx < (half ? kBM / kBoxA / 2 : kBM / kBoxA); ++bx)
+                  for (int bx = 0; bx < kBM / kBoxA; ++bx)
                     TmaLoad3D(smem + S::kOffBufA + a_stage * S::kBufA + bx * kBoxA * 128, &tm_a, fba, k_byte,
                               pc.mt * kBM + bx * kBoxA, pc.l);
                 }
@@ -1371,29 +1310,25 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
             tr.Stop(kTrConvWaitEmptyB);
             tr.Start();
             const uint32_t dst = smem + S::kOffBufB + b_stage * S::kBufB + (n_local >> 3) * 1024 + r7 * 128;
-            if (Experiment(p, kFlagNoConvB) || (Experiment(p, kFlagHalfConvB) && n_local >= 64)) {
-              // experiment only
-            } else {
-              uint32_t codes[16], sf[4];
-              bool valid[4];
-              GatherRowUnit<V>(
-                  ui, slab, p.k_groups,
-                  [&](int chunk, int half) {  // the raw stage is 128B-swizzled
-                    if constexpr (!Tr::kFp4) {
-                      return Lds128(raw + ((chunk ^ r7) << 4));
-                    } else {
-                      const uint2 v = Lds64(raw + ((chunk ^ r7) << 4) + 8 * half);
-                      return make_uint4(v.x, v.y, 0, 0);
-                    }
-                  },
-                  [&](int gis) { return Lds8(sfb + (gis >> 2) * 512 + (gis & 3)); }, codes, sf, valid);
-              ConvertRowUnit<V>(codes, sf, valid, [&](int chunk, uint32_t x, uint32_t y, uint32_t z, uint32_t w) {
-                Sts128(dst + ((chunk ^ r7) << 4), x, y, z, w);
-              });
-            }
+            uint32_t codes[16], sf[4];
+            bool valid[4];
+            GatherRowUnit<V>(
+                ui, slab, p.k_groups,
+                [&](int chunk, int half) {  // the raw stage is 128B-swizzled
+                  if constexpr (!Tr::kFp4) {
+                    return Lds128(raw + ((chunk ^ r7) << 4));
+                  } else {
+                    const uint2 v = Lds64(raw + ((chunk ^ r7) << 4) + 8 * half);
+                    return make_uint4(v.x, v.y, 0, 0);
+                  }
+                },
+                [&](int gis) { return Lds8(sfb + (gis >> 2) * 512 + (gis & 3)); }, codes, sf, valid);
+            ConvertRowUnit<V>(codes, sf, valid, [&](int chunk, uint32_t x, uint32_t y, uint32_t z, uint32_t w) {
+              Sts128(dst + ((chunk ^ r7) << 4), x, y, z, w);
+            });
             tr.Stop(kTrConvWork);
             tr.Start();
-            if (!Experiment(p, kFlagNoFence)) FenceProxyAsync();
+            FenceProxyAsync();
             __syncwarp();
             MbarArriveIf(bar_full_b + 8 * b_stage, lane == 0);
             tr.Stop(kTrConvFence);
@@ -1402,7 +1337,7 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
           // No ReleaseRawStage here: the proxy fence before the last unit's full_b arrive already
           // follows every read of this raw stage.
           __syncwarp();
-          MbarArriveClusterIf(bar_empty_raw + 8 * r_stage, lane == 0);
+          MbarArriveIf(bar_empty_raw + 8 * r_stage, lane == 0);
           if (++r_stage == kRawStages) { r_stage = 0; r_phase ^= 1; }
         }
       }
@@ -1422,7 +1357,6 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
     float amax_run = 0.0f;
     int cur_l = -1;
     const bool do_amax = (p.flags & kFlagNoAmax) == 0;
-    const bool do_mma = !Experiment(p, kFlagNoMma);
 
     float acc[MI][64];
     // Software pipeline over MMA "steps" (one step = one 64-K unit x one 64-row slice): step s
@@ -1511,18 +1445,16 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
             JGA_TRACE_FIRST_DATA();
             const uint64_t desc_b = SmemDesc128B(smem + S::kOffBufB + b_stage * S::kBufB);
             const uint32_t buf_a = smem + S::kOffBufA + a_stage * S::kBufA + (kPP ? 0 : wg * (64 * MI) * 128);
-            if (do_mma) {
 #pragma unroll
-              for (int mi = 0; mi < MI; ++mi) FenceOperand(acc[mi]);
-              WgmmaFence();
+            for (int mi = 0; mi < MI; ++mi) FenceOperand(acc[mi]);
+            WgmmaFence();
 #pragma unroll
-              for (int mi = 0; mi < MI; ++mi) {
-                const uint64_t desc_a = SmemDesc128B(buf_a + mi * 64 * 128);
+            for (int mi = 0; mi < MI; ++mi) {
+              const uint64_t desc_a = SmemDesc128B(buf_a + mi * 64 * 128);
 #pragma unroll
-                for (int ks = 0; ks < 4; ++ks) WgmmaSS_m64n128k16(acc[mi], desc_a + 2 * ks, desc_b + 2 * ks);
-              }
-              WgmmaCommit();
+              for (int ks = 0; ks < 4; ++ks) WgmmaSS_m64n128k16(acc[mi], desc_a + 2 * ks, desc_b + 2 * ks);
             }
+            WgmmaCommit();
             WgmmaWait<1>();  // retires the previous unit
             __syncwarp();
             MbarArriveClusterIf<kAReaderCTAs>(bar_empty_a + 8 * inflight_a_stage, lane == 0 && inflight_a_stage >= 0);
@@ -1626,36 +1558,29 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
                 ScaleToMul<V>(s1, gvalid, m1v[1], m2v[1], big);
               }
             }
-            if (Experiment(p, kFlagNoConvA)) {
+#pragma unroll
+            for (int rr = 0; rr < 2; ++rr) {
+              uint32_t pr[4][2];  // [kstep][half]
+              if constexpr (!Tr::kFp4) {
+#pragma unroll
+                for (int s = 0; s < 4; ++s) Fp8WordToRaw<V>(rawv[mi][rr][s], pr[s][0], pr[s][1]);
+              } else {
+#pragma unroll
+                for (int w = 0; w < 2; ++w)
+                  Fp4WordToRaw(rawv[mi][rr][w], pr[2 * w][0], pr[2 * w][1], pr[2 * w + 1][0], pr[2 * w + 1][1]);
+              }
 #pragma unroll
               for (int s = 0; s < 4; ++s)
 #pragma unroll
-                for (int r = 0; r < 4; ++r) f[s][r] = rawv[mi][r & 1][s & (Tr::kFp4 ? 1 : 3)] ^ m1v[r >> 1];
-            } else {
+                for (int hh = 0; hh < 2; ++hh) f[s][rr + 2 * hh] = MulBF16x2(pr[s][hh], m1v[rr]);
+            }
+            // Rare (an e8m0 scale above 2^(127-O), or NaN): a second multiplier. One uniform
+            // branch around the block; per value, ptxas would issue it predicated every time.
+            if (any_big) {
 #pragma unroll
-              for (int rr = 0; rr < 2; ++rr) {
-                uint32_t pr[4][2];  // [kstep][half]
-                if constexpr (!Tr::kFp4) {
+              for (int s = 0; s < 4; ++s)
 #pragma unroll
-                  for (int s = 0; s < 4; ++s) Fp8WordToRaw<V>(rawv[mi][rr][s], pr[s][0], pr[s][1]);
-                } else {
-#pragma unroll
-                  for (int w = 0; w < 2; ++w)
-                    Fp4WordToRaw(rawv[mi][rr][w], pr[2 * w][0], pr[2 * w][1], pr[2 * w + 1][0], pr[2 * w + 1][1]);
-                }
-#pragma unroll
-                for (int s = 0; s < 4; ++s)
-#pragma unroll
-                  for (int hh = 0; hh < 2; ++hh) f[s][rr + 2 * hh] = MulBF16x2(pr[s][hh], m1v[rr]);
-              }
-              // Rare (an e8m0 scale above 2^(127-O), or NaN): a second multiplier. One uniform
-              // branch around the block; per value, ptxas would issue it predicated every time.
-              if (any_big) {
-#pragma unroll
-                for (int s = 0; s < 4; ++s)
-#pragma unroll
-                  for (int r = 0; r < 4; ++r) f[s][r] = MulBF16x2(f[s][r], m2v[r & 1]);
-              }
+                for (int r = 0; r < 4; ++r) f[s][r] = MulBF16x2(f[s][r], m2v[r & 1]);
             }
             // The slab's last step has consumed every value loaded from the raw stage: hand it back
             // (after the conversion, so that the fence finds no load of this thread in flight).
@@ -1665,15 +1590,13 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
             if (mi == 0) MbarWait(bar_full_b + 8 * b_stage, b_phase);
             tr.Stop(kTrConsWaitFullB);
             tr.Start();
-            if (do_mma) {
-              FenceOperand(acc[mi]);
-              WgmmaFence();
+            FenceOperand(acc[mi]);
+            WgmmaFence();
 #pragma unroll
-              for (int s = 0; s < 4; ++s) {  // k-step s starts 32 bytes (2 descriptor units) further
-                WgmmaRS_m64n128k16(acc[mi], f[s][0], f[s][1], f[s][2], f[s][3], desc_b + 2 * s);
-              }
-              WgmmaCommit();
+            for (int s = 0; s < 4; ++s) {  // k-step s starts 32 bytes (2 descriptor units) further
+              WgmmaRS_m64n128k16(acc[mi], f[s][0], f[s][1], f[s][2], f[s][3], desc_b + 2 * s);
             }
+            WgmmaCommit();
             tr.Stop(kTrConsIssue);
             tr.Start();
             WgmmaWait<1>();  // retires step s-1
@@ -1729,7 +1652,7 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
 
       // ---- epilogue: one straight-line path per output dtype (switch once per tile) ----
       tr.Start();
-      if (!Experiment(p, kFlagNoEpilogue)) {
+      {
         const int row_w = tc.mt * kBM + (kPP ? 0 : wg * 64 * MI) + warp * 16;
         const int col_t = (tc.nt * kCl + rank) * kBN;
         const bool full = (tc.mt * kBM + kBM <= p.m) && (col_t + kBN <= p.n);

@@ -16,7 +16,7 @@ struct LaunchCtx {
   CUtensorMap tm_a;
   CUtensorMap tm_b;
   KParams params;
-  int grid;  // CTAs wanted (a multiple of kCluster); capped at launch by co-residency
+  int grid;  // CTAs wanted (a multiple of the cluster size); capped at launch by co-residency
   int mi;
   int device;
   cudaStream_t stream;
@@ -26,7 +26,7 @@ struct LaunchCtx {
   PreconvertParams pre_a, pre_b;
 };
 
-// Per device and kernel: how many kCluster-CTA clusters fit on the GPU at once (a persistent grid
+// Per device and kernel: how many clusters fit on the GPU at once (a persistent grid
 // must be co-resident; not every SM can host a CTA of a cluster). Filled by Prepare*().
 // kind: 0 the plain kernel, 1 split-K, 1 + kPre with pre-converted operands (2-4; 8: A'B' ping-pong,
 // 2-CTA clusters), 5 split-K with pre-converted A.
@@ -110,9 +110,6 @@ cudaError_t ConfigureKernels() {
     if (err == cudaSuccess) err = ConfigureKernel<V, MI, false, kPreA>();
     if (err == cudaSuccess) err = ConfigureKernel<V, MI, false, kPreA | kPreB | kPingPong>();
     if (err == cudaSuccess) err = ConfigureKernel<V, MI, true, kPreA>();
-    if constexpr (kExperiments) {
-      if (err == cudaSuccess) err = ConfigureKernel<V, MI, false, kPreA | kPreB>();
-    }
   }
   return err;
 }
@@ -158,15 +155,12 @@ cudaError_t LaunchVariantMI(const LaunchCtx& ctx) {
       if (err == cudaSuccess && (ctx.pre & kPreA))
         err = LaunchPreconvert<V>(ctx.pre_a, ctx.stream, (ctx.pre & kPreB) != 0);
       if (err != cudaSuccess) return err;
-      if (kExperiments && (ctx.params.flags & kFlagPassesOnly)) return cudaSuccess;
       if (split) return LaunchKernel<V, 2, true, kPreA>(ctx, true);
       switch (ctx.pre) {
         case kPreB: return LaunchKernel<V, 2, false, kPreB>(ctx, true);
         case kPreA: return LaunchKernel<V, 2, false, kPreA>(ctx, true);
-        case kPreA | kPreB:
-          if constexpr (kExperiments) return LaunchKernel<V, 2, false, kPreA | kPreB>(ctx, true);
-          return cudaErrorInvalidConfiguration;
-        default: return LaunchKernel<V, 2, false, kPreA | kPreB | kPingPong>(ctx, true);
+        case kPreA | kPreB | kPingPong: return LaunchKernel<V, 2, false, kPreA | kPreB | kPingPong>(ctx, true);
+        default: return cudaErrorInvalidConfiguration;
       }
     }
   }

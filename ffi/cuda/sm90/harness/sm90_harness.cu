@@ -295,15 +295,11 @@ static DevBufs Upload(const HostProblem& hp) {
 static void* g_ws = nullptr;
 static size_t g_ws_bytes = 0;
 // Environment overrides for sweeps (any mode; unset: the options as given).
-// JGA_EXPERIMENT_FLAGS is added to every launch's flags, e.g. the host's kernel choice
-// (kFlagCooperativeAB) for the checked launches of `test`.
 static sm90::LaunchOptions WithEnvOverrides(sm90::LaunchOptions o) {
   static const int bonus = [] { const char* e = getenv("JGA_SPLIT_BONUS"); return e ? atoi(e) : -1; }();
   static const int splits = [] { const char* e = getenv("JGA_FORCE_SPLITS"); return e ? atoi(e) : 0; }();
-  static const int flags = [] { const char* e = getenv("JGA_EXPERIMENT_FLAGS"); return e ? atoi(e) : 0; }();
   if (o.split_bonus_units < 0) o.split_bonus_units = bonus;
   if (o.force_splits == 0 && splits > 0) o.force_splits = splits;
-  o.experiment_flags |= flags;
   return o;
 }
 
@@ -498,8 +494,7 @@ static void TestAll() {
     }
     // Shape 4b, for the A'B' plan's ping-pong kernel: 243 tiles of 128 x 256 (a 2-CTA cluster's), 3-4
     // per cluster, so each warpgroup runs 1-2; full and edge tiles, L = 3, and an odd count of 128-column
-    // tiles (17), so that the second CTA of each m-tile's last pair has no columns. (With
-    // JGA_EXPERIMENT_FLAGS=32768, the cooperative A'B' kernel instead.)
+    // tiles (17), so that the second CTA of each m-tile's last pair has no columns.
     {
       HostProblem hp = MakeProblem(cb, 3, 1100, 2120, 192, rng, 118, 136);
       Ref ref = Reference(hp);
@@ -877,35 +872,11 @@ static void Bench(int iters, const std::vector<Shape>& shapes) {
   }
 }
 
-// Timing breakdown: switch parts of the kernel off (results are wrong; timing only).
-static void Experiments(int64_t M, int64_t N, int64_t K, int iters) {
-#ifndef JGA_SM90_EXPERIMENTS
-  fprintf(stderr, "exp: build with -DJGA_SM90_EXPERIMENTS (production kernels ignore the experiment flags)\n");
-  return;
-#endif
-  DevBufs d;
-  const GemmAmaxProblem p = RandomProblem(M, N, K, d);
-  const int flag_sets[] = {0, 16, 2, 4, 8, 4 | 8, 2 | 4 | 8, 2 | 4 | 8 | 16};
-  for (int tile : {128, 256}) {
-    for (int f : flag_sets) {
-      sm90::LaunchOptions o;
-      o.force_tile_m = tile;
-      o.experiment_flags = f;
-      const double med = MedianLaunchMs(p, d, o, iters);
-      printf("exp %lldx%lldx%lld tile=%d flags=%2d (%s%s%s%s) %8.3f ms %8.1f TF/s\n", (long long)M, (long long)N, (long long)K,
-             tile, f, (f & 2) ? "noMMA " : "", (f & 16) ? "noEpi " : "", (f & 4) ? "noConvB " : "", (f & 8) ? "noConvA " : "", med,
-             2.0 * M * N * K / (med * 1e-3) / 1e12);
-    }
-  }
-  d.Free();
-}
-
-static void OneConfig(int64_t M, int64_t N, int64_t K, int tile, int flags, int iters, int pre) {
+static void OneConfig(int64_t M, int64_t N, int64_t K, int tile, int iters, int pre) {
   DevBufs d;
   const GemmAmaxProblem p = RandomProblem(M, N, K, d);
   sm90::LaunchOptions o;
   o.force_tile_m = tile;
-  o.experiment_flags = flags;
   SetPre(o, pre);
   const double med = MedianLaunchMs(p, d, o, iters);
   const sm90::PlanInfo plan = PlanH(p, o);  // tile 0: the heuristic's tile
@@ -945,30 +916,29 @@ static void OneConfig(int64_t M, int64_t N, int64_t K, int tile, int flags, int 
   for (int i = 0; i < kHostLaunches; ++i) CK(LaunchH(p, Bufs(d), o));
   const double host_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - h0).count() / kHostLaunches;
   CK(cudaDeviceSynchronize());
-  printf("one %lldx%lldx%lld tile=%d flags=%d %8.3f ms %8.1f TF/s  host %.1f us per launch  clusters %d  plan %d/%d/%d\n",
-         (long long)M, (long long)N, (long long)K, tile, flags, med, 2.0 * M * N * K / (med * 1e-3) / 1e12, host_us,
+  printf("one %lldx%lldx%lld tile=%d %8.3f ms %8.1f TF/s  host %.1f us per launch  clusters %d  plan %d/%d/%d\n",
+         (long long)M, (long long)N, (long long)K, tile, med, 2.0 * M * N * K / (med * 1e-3) / 1e12, host_us,
          plan.clusters, plan.tile_m, plan.splits, plan.whole_tiles);
   d.Free();
 }
 
 // Configurations of one problem timed taking turns (MedianMsTakingTurns): the way to compare plans.
-// Each configuration is TILE:SPLITS:PRE[:WHOLE[:FLAGS]] (0 / 0 / -1 / -1: the heuristic's; WHOLE: tiles run
+// Each configuration is TILE:SPLITS:PRE[:WHOLE] (0 / 0 / -1 / -1: the heuristic's; WHOLE: tiles run
 // unsplit before the split ones, with SPLITS > 1).
 static void Turns(int64_t M, int64_t N, int64_t K, int iters, const std::vector<std::string>& cfgs) {
   DevBufs d;
   const GemmAmaxProblem p = RandomProblem(M, N, K, d);
   std::vector<sm90::LaunchOptions> opts;
   for (const std::string& c : cfgs) {
-    int tile = 0, splits = 0, pre = -1, whole = -1, flags = 0;
-    if (sscanf(c.c_str(), "%d:%d:%d:%d:%d", &tile, &splits, &pre, &whole, &flags) < 1) {
-      fprintf(stderr, "bad configuration '%s' (want TILE:SPLITS:PRE[:WHOLE[:FLAGS]])\n", c.c_str());
+    int tile = 0, splits = 0, pre = -1, whole = -1;
+    if (sscanf(c.c_str(), "%d:%d:%d:%d", &tile, &splits, &pre, &whole) < 1) {
+      fprintf(stderr, "bad configuration '%s' (want TILE:SPLITS:PRE[:WHOLE])\n", c.c_str());
       exit(2);
     }
     sm90::LaunchOptions o;
     o.force_tile_m = tile;
     o.force_splits = splits;
     o.force_whole_tiles = whole;
-    o.experiment_flags = flags;
     SetPre(o, pre);
     opts.push_back(o);
   }
@@ -1213,23 +1183,17 @@ int main(int argc, char** argv) {
     printf("SMALL SUMMARY: %d passed, %d failed\n", g_pass, g_fail);
     return g_fail == 0 ? 0 : 1;
   }
-  if (mode == "exp") {
-    Experiments(8192, 8192, 8192, 10);
-    Experiments(16384, 8192, 1024, 10);
-    return 0;
-  }
   if (mode == "hostcost") {  // hostcost M N K
     if (argc < 5) return 2;
     HostCost(atoll(argv[2]), atoll(argv[3]), atoll(argv[4]));
     return 0;
   }
-  if (mode == "one") {  // one M N K tile flags iters [pre: -1 auto, bits 1 B, 2 A]: a single configuration (for ncu)
-    if (argc < 8) return 2;
-    OneConfig(atoll(argv[2]), atoll(argv[3]), atoll(argv[4]), atoi(argv[5]), atoi(argv[6]), atoi(argv[7]),
-              argc > 8 ? atoi(argv[8]) : -1);
+  if (mode == "one") {  // one M N K tile iters [pre: -1 auto, bits 1 B, 2 A]: a single configuration (for ncu)
+    if (argc < 7) return 2;
+    OneConfig(atoll(argv[2]), atoll(argv[3]), atoll(argv[4]), atoi(argv[5]), atoi(argv[6]), argc > 7 ? atoi(argv[7]) : -1);
     return 0;
   }
-  if (mode == "turns") {  // turns M N K iters TILE:SPLITS:PRE[:WHOLE[:FLAGS]]...: configurations taking turns
+  if (mode == "turns") {  // turns M N K iters TILE:SPLITS:PRE[:WHOLE]...: configurations taking turns
     if (argc < 7) return 2;
     Turns(atoll(argv[2]), atoll(argv[3]), atoll(argv[4]), atoi(argv[5]), std::vector<std::string>(argv + 6, argv + argc));
     return 0;
@@ -1243,6 +1207,6 @@ int main(int argc, char** argv) {
     Bench(argc > 2 ? atoi(argv[2]) : 30, ParseShapes(argc > 3 ? argv[3] : nullptr));
     return 0;
   }
-  fprintf(stderr, "usage: %s [test|small|bench [iters [MxNxK[xL],...]]|one M N K tile flags iters [pre: -1 auto, bits 1 B, 2 A]|turns M N K iters TILE:SPLITS:PRE[:WHOLE[:FLAGS]]...|hostcost M N K|ceiling BYTES iters|exp] (timing modes: env JGA_COMBO=0..4 picks the operand format, 2 mxfp4, 4 nvfp4)\n", argv[0]);
+  fprintf(stderr, "usage: %s [test|small|bench [iters [MxNxK[xL],...]]|one M N K tile iters [pre: -1 auto, bits 1 B, 2 A]|turns M N K iters TILE:SPLITS:PRE[:WHOLE]...|hostcost M N K|ceiling BYTES iters] (timing modes: env JGA_COMBO=0..4 picks the operand format, 2 mxfp4, 4 nvfp4)\n", argv[0]);
   return 2;
 }

@@ -433,7 +433,6 @@ cudaError_t LaunchWithOptions(const GemmAmaxProblem& p, const GemmAmaxBuffers& b
   k.c_type = static_cast<int>(p.c_type);
   k.c_aligned16 = (reinterpret_cast<uintptr_t>(buf.c) % 16 == 0 && p.c_row_bytes() % 16 == 0) ? 1 : 0;
   k.flags = opt.skip_amax ? kFlagNoAmax : 0;
-  k.trace = opt.trace;
   k.tiles_m = static_cast<int>(CeilDiv(p.m, tile_rows));
   k.tiles_n = static_cast<int>(CeilDiv(CeilDiv(p.n, 128), cluster));
   k.tiles_per_batch = k.tiles_m * k.tiles_n;

@@ -68,7 +68,6 @@ cudaError_t Launch(const GemmAmaxProblem& p, const GemmAmaxBuffers& buf, void* w
 constexpr int kSplitReducerBonusUnits = 4;
 
 // Testing / benchmarking knobs (not part of the product API).
-constexpr int kTraceSlots = 28;  // LaunchOptions::trace counters (sm90_kernel.cuh TraceSlot)
 struct LaunchOptions {
   bool skip_amax = false;  // leave amax untouched: no reset, no flush (each thread's running maximum still runs)
   int force_tile_m = 0;    // 0: heuristic; 128 or 256 forces the CTA tile height
@@ -78,7 +77,6 @@ struct LaunchOptions {
                            // is tile 256 unsplit and the workspace holds the BF16 B
   int preconvert_a = -1;   // the same for A (kPreconvertAMinN), split-K plans of tile 256 included
   int split_bonus_units = -1;  // -1: kSplitReducerBonusUnits; else the split-K reducer's extra 64-K units
-  unsigned long long* trace = nullptr;  // kTraceSlots device counters, used by -DJGA_SM90_TRACE builds only
   unsigned int* reset_word = nullptr;   // see Launch
 };
 cudaError_t LaunchWithOptions(const GemmAmaxProblem& p, const GemmAmaxBuffers& buf, void* workspace,

@@ -49,7 +49,6 @@
 
 #include "common/numerics.h"
 #include "common/problem.h"
-#include "cuda/sm90/gemm_amax_sm90.h"  // kTraceSlots
 #include "cuda/sm90/wgmma.h"
 
 namespace jga {
@@ -90,9 +89,11 @@ struct KParams {
   float* amax;
   int c_type;
   int c_aligned16;     // every C row starts 16-byte aligned: full tiles take the staged epilogue
-  int flags;           // bit 0: skip amax
-  unsigned long long* trace;  // JGA_SM90_TRACE builds only: kTraceSlots cycle counters
-  int tiles_m, tiles_n;
+  int flags;           // kFlagNoAmax: skip amax
+  // From here on the fields keep the 8-byte alignment of the layout the kernels' SASS and timings
+  // were measured with (ptxas pairs 4-byte fields into 64-bit constant loads).
+  alignas(8) int tiles_m;
+  int tiles_n;
   int tiles_per_batch, tiles_total;
   // Split-K: the first `whole_tiles` tiles are one work unit each; the K slabs of each of the
   // other `split_tiles` tiles are cut into `splits` contiguous ranges (the last, the reducer's,
@@ -116,7 +117,7 @@ struct KParams {
 // Warpgroups of a CTA: the producer, kConverterWGs B converters, two consumers. Tile height 128
 // (MI = 1) has two converters, which take the 64-K units of a slab in turn: B is converted once per
 // tile at either height, so at MI = 1 it is the same work for half the MMAs, and with one converter
-// the consumers waited for it (JGA_SM90_TRACE, 8192^3: ~450 cycles per slab for full B buffers).
+// the consumers waited for it (8192^3: ~450 cycles per slab waiting for full B buffers).
 // At MI = 2 the consumers' registers leave no room for a second converter.
 template <int MI>
 struct Roles {
@@ -210,41 +211,6 @@ struct Smem {
   static constexpr int kDynBytes = kBytes + 1024;  // slack for 1024-byte alignment
   static constexpr uint32_t kTxBytes = kRawA + kRawB + kSfA + kSfB;
   static_assert(kDynBytes <= 227 * 1024, "shared memory budget");
-};
-
-// ---------------------------------------------------------------------------------------------
-// Timing trace (harness builds with -DJGA_SM90_TRACE only; compiled out otherwise): cycles one
-// thread of each role spends in each wait, summed over CTAs.
-enum TraceSlot : int {
-  kTrConvWaitRaw = 0, kTrConvWaitEmptyB, kTrConvTotal, kTrProducerWait,
-  kTrConsWaitRaw = 4, kTrConsWaitFullB, kTrConsWaitMma, kTrConsTotal, kTrConsEpilogue, kTrProducerIssue,
-  kTrConvFence = 10, kTrConvWork, kTrConsConvert, kTrConsIssue, kTrProducerWaitPre, kTrConsWaitPreA,
-  // The ends of a CTA's life, from its first instruction (clock64 at kernel entry): the consumers'
-  // loop starts, their first data arrives, the split-K hand-over (store; the reducer's wait for
-  // the count; its read), the consumers' end; the producer's first copy issued.
-  kTrConsPrologue = 16, kTrConsFill, kTrSplitStore, kTrSplitWait, kTrSplitRead, kTrConsEnd, kTrProducerFirst,
-  // The raw producer's way to its first copies (from kernel entry): past the cluster barrier and
-  // setmaxnreg, past the first empty-stage wait, A's copy issued, B's copy issued; the first unit
-  // decoded (DecodeUnit + DecodeTile, before that wait).
-  kTrProducerSynced = 23, kTrProducerReady, kTrProducerIssuedA, kTrProducerIssuedB, kTrProducerDecoded,
-};
-struct Tracer {
-#ifdef JGA_SM90_TRACE
-  long long acc[kTraceSlots] = {};
-  long long t0 = 0;
-  __device__ __forceinline__ void Start() { t0 = clock64(); }
-  __device__ __forceinline__ void Stop(int slot) { acc[slot] += clock64() - t0; }
-  __device__ __forceinline__ void Add(int slot, long long v) { acc[slot] += v; }
-  __device__ __forceinline__ void Flush(unsigned long long* out, bool leader) {
-    if (leader && out != nullptr)
-      for (int i = 0; i < kTraceSlots; ++i) atomicAdd(out + i, static_cast<unsigned long long>(acc[i]));
-  }
-#else
-  __device__ __forceinline__ void Start() {}
-  __device__ __forceinline__ void Stop(int) {}
-  __device__ __forceinline__ void Add(int, long long) {}
-  __device__ __forceinline__ void Flush(unsigned long long*, bool) {}
-#endif
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -700,7 +666,7 @@ __device__ __forceinline__ void AddPartials(float (&acc)[MI][64], const KParams&
 // them back as 16-byte row chunks and stores whole 64/128-byte row segments (STG.128). Stored
 // straight from the fragment layout, one warp store covered 8 rows x 16 bytes (bf16): 8 L1
 // wavefronts for 512 bytes, which made the epilogue ~22% of the time at 16384x8192x1024
-// (JGA_SM90_TRACE). Staged chunks are XOR-swizzled so that the fragment-layout writes
+// (cycle counters in the kernel). Staged chunks are XOR-swizzled so that the fragment-layout writes
 // are free of bank conflicts.
 template <int CT, int MI, int V>
 __device__ __forceinline__ void Epilogue(float (&acc)[MI][64], const KParams& p, int l, int row_w, int col_t,
@@ -1076,9 +1042,6 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
   constexpr int kCl = S::kClusterCTAs;
   constexpr int kAReaderCTAs = S::kPingPongTiles ? 2 : 1;  // CTAs whose consumers read an A' stage
 
-#ifdef JGA_SM90_TRACE
-  const long long t_entry = clock64();
-#endif
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint32_t smem = (SmemAddr(smem_raw) + 1023u) & ~1023u;
   // Opaque to the compiler, so it keeps the base in a register instead of recomputing it from
@@ -1134,7 +1097,7 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
   if (warp_idx < 4) {
     // ======================= WG0: producer (warps 0 and 1) =======================
     // A warpgroup of its own: issuing the copies must not delay the B conversion or the MMAs
-    // (~2000 cycles per slab when a converter warp issued them, measured with JGA_SM90_TRACE).
+    // (~2000 cycles per slab when a converter warp issued them).
     SetMaxNReg<R::kProducerRegs>();
     // Two issuing warps, each gated only by its own ring: warp 0 copies the raw stages (codes and
     // scales converted in this kernel), warp 1 the pre-converted BF16 units. One thread issuing both
@@ -1150,26 +1113,13 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
     constexpr int kBoxA = kPartRows < kBoxRows ? kPartRows : kBoxRows;  // as the host encodes
     constexpr int kBoxB = kBN < kBoxRows ? kBN : kBoxRows;
     if (issues_raw) {  // the codes (and scales) converted in this kernel
-      Tracer tr;
-#ifdef JGA_SM90_TRACE
-      tr.Add(kTrProducerSynced, clock64() - t_entry);
-#define JGA_TRACE_FIRST_ISSUE(slot) \
-  if (u == cluster_id && slab == wu.slab_lo) tr.Add(slot, clock64() - t_entry)
-#else
-#define JGA_TRACE_FIRST_ISSUE(slot)
-#endif
       int stage = 0, phase = 0;
       for (int u = cluster_id; u < p.units_total; u += num_clusters) {
         const WorkUnit wu = DecodeUnit<kSplitK>(p, u);
         const TileCoord pc = DecodeTile<S::kRasterMTiles>(p, wu.tile);
         const int my_nt = pc.nt * kCl + rank;
         for (int slab = wu.slab_lo; slab < wu.slab_hi; ++slab) {
-          JGA_TRACE_FIRST_ISSUE(kTrProducerDecoded);
-          tr.Start();
           MbarWait(bar_empty_raw + 8 * stage, phase ^ 1);
-          tr.Stop(kTrProducerWait);
-          JGA_TRACE_FIRST_ISSUE(kTrProducerReady);
-          tr.Start();
           if (lane0) {
             const uint32_t fb = bar_full_raw + 8 * stage;
             MbarArriveExpectTx(fb, S::kTxBytes);
@@ -1179,14 +1129,12 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
               if (kPreconvertedA) break;
               TmaLoad3D(dst_a + bx * kBoxA * 128, &tm_a, fb, slab * 128, pc.mt * kBM + bx * kBoxA, pc.l);
             }
-            JGA_TRACE_FIRST_ISSUE(kTrProducerIssuedA);
 #pragma unroll
             for (int bx = 0; bx < kBN / kBoxB; ++bx) {
               if (kPreconvertedB) break;
               TmaLoad3D(smem + S::kOffRawB + stage * S::kRawB + bx * kBoxB * 128, &tm_b, fb, slab * 128,
                         my_nt * kBN + bx * kBoxB, pc.l);
             }
-            JGA_TRACE_FIRST_ISSUE(kTrProducerIssuedB);
             // Scale blocks: each 512 bytes = 128 rows x 4 groups, contiguous in the physical layout.
 #pragma unroll
             for (int j = 0; j < kNSB; ++j) {
@@ -1206,15 +1154,10 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
               }
             }
           }
-          tr.Stop(kTrProducerIssue);
-          JGA_TRACE_FIRST_ISSUE(kTrProducerFirst);
           if (++stage == kRawStages) { stage = 0; phase ^= 1; }
         }
       }
-      tr.Flush(p.trace, lane0);
-#undef JGA_TRACE_FIRST_ISSUE
     } else if (issues_pre) {  // the slab's BF16 units, one buffer each (unit u: bytes 128u.. of a row)
-      Tracer tr;
       int a_stage = 0, a_phase = 0, b_stage = 0, b_phase = 0;
       // The pre-converted operands are PreconvertKernel's output, the grid this one depends on
       // (the raw operands are the call's inputs: their copies need not wait).
@@ -1228,9 +1171,7 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
           for (int ui = 0; ui < kUPS; ++ui) {
             const int k_byte = (slab * kUPS + ui) * 128;
             if constexpr (kPreconvertedA) {
-              tr.Start();
               MbarWait(bar_empty_a + 8 * a_stage, a_phase ^ 1);
-              tr.Stop(kTrProducerWaitPre);
               if (lane0) {
                 const uint32_t fba = bar_full_a + 8 * a_stage;
                 MbarArriveExpectTx(fba, S::kBufA);
@@ -1252,9 +1193,7 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
               if (++a_stage == kAStages) { a_stage = 0; a_phase ^= 1; }
             }
             if constexpr (kPreconvertedB) {
-              tr.Start();
               MbarWait(bar_empty_b + 8 * b_stage, b_phase ^ 1);
-              tr.Stop(kTrProducerWaitPre);
               if (lane0) {
                 const uint32_t fbb = bar_full_b + 8 * b_stage;
                 // A ping-pong cluster's second CTA past the last column (an odd count of column
@@ -1274,7 +1213,6 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
           }
         }
       }
-      tr.Flush(p.trace, lane0);
     } else if (warp_idx == 2) {  // a warp that issues no copies
       ResetRound(p, bar_reset, lane);
     }
@@ -1286,17 +1224,11 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
       const int n_local = threadIdx.x - 128 * (1 + cw);  // row of the B tile this thread converts
       int r_stage = 0, r_phase = 0, b_stage = 0, b_phase = 0;
       const int r7 = n_local & 7;
-      Tracer tr;
-#ifdef JGA_SM90_TRACE
-      const long long conv_t0 = clock64();
-#endif
       for (int u = cluster_id; u < p.units_total; u += num_clusters) {
         const WorkUnit wu = DecodeUnit<kSplitK>(p, u);
         for (int slab = wu.slab_lo; slab < wu.slab_hi; ++slab) {
           // ---- convert the B slab, one 64-K unit (one bf16 buffer) at a time ----
-          tr.Start();
           MbarWait(bar_full_raw + 8 * r_stage, r_phase);
-          tr.Stop(kTrConvWaitRaw);
           const uint32_t raw = smem + S::kOffRawB + r_stage * S::kRawB + n_local * 128;
           const uint32_t sfb = smem + S::kOffSfB + r_stage * S::kSfB + SfInBlock(n_local, 0);
 #pragma unroll 1
@@ -1305,10 +1237,7 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
               if (++b_stage == kBStages) { b_stage = 0; b_phase ^= 1; }
               continue;
             }
-            tr.Start();
             MbarWait(bar_empty_b + 8 * b_stage, b_phase ^ 1);
-            tr.Stop(kTrConvWaitEmptyB);
-            tr.Start();
             const uint32_t dst = smem + S::kOffBufB + b_stage * S::kBufB + (n_local >> 3) * 1024 + r7 * 128;
             uint32_t codes[16], sf[4];
             bool valid[4];
@@ -1326,12 +1255,9 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
             ConvertRowUnit<V>(codes, sf, valid, [&](int chunk, uint32_t x, uint32_t y, uint32_t z, uint32_t w) {
               Sts128(dst + ((chunk ^ r7) << 4), x, y, z, w);
             });
-            tr.Stop(kTrConvWork);
-            tr.Start();
             FenceProxyAsync();
             __syncwarp();
             MbarArriveIf(bar_full_b + 8 * b_stage, lane == 0);
-            tr.Stop(kTrConvFence);
             if (++b_stage == kBStages) { b_stage = 0; b_phase ^= 1; }
           }
           // No ReleaseRawStage here: the proxy fence before the last unit's full_b arrive already
@@ -1341,10 +1267,6 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
           if (++r_stage == kRawStages) { r_stage = 0; r_phase ^= 1; }
         }
       }
-#ifdef JGA_SM90_TRACE
-      tr.Add(kTrConvTotal, clock64() - conv_t0);
-#endif
-      tr.Flush(p.trace, threadIdx.x == 128);
     }
   } else {
     // ======================= the last two warpgroups: consumers =======================
@@ -1391,16 +1313,6 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
         const int row = row0 + mi * 64 + rr * 8;
         sf_row_off[mi][rr] = static_cast<uint32_t>((row >> 7) * kNSB * 512) + SfInBlock(row, 0);
       }
-    Tracer tr;
-#ifdef JGA_SM90_TRACE
-    const long long cons_t0 = clock64();
-    tr.Add(kTrConsPrologue, cons_t0 - t_entry);
-    bool first_data = true;
-#define JGA_TRACE_FIRST_DATA() \
-  if (first_data) { tr.Add(kTrConsFill, clock64() - t_entry); first_data = false; }
-#else
-#define JGA_TRACE_FIRST_DATA()
-#endif
 
     // Ping-pong: this warpgroup takes every other tile of the CTA, and the ring positions of the
     // other warpgroup's tiles (whole tiles, all of K) are skipped.
@@ -1436,13 +1348,8 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
           // its buffers back. (The conversion path below is unreachable here.)
 #pragma unroll 1
           for (int ui = 0; ui < kUPS; ++ui) {
-            tr.Start();
             MbarWait(bar_full_a + 8 * a_stage, a_phase);
-            tr.Stop(kTrConsWaitPreA);
-            tr.Start();
             MbarWait(bar_full_b + 8 * b_stage, b_phase);
-            tr.Stop(kTrConsWaitFullB);
-            JGA_TRACE_FIRST_DATA();
             const uint64_t desc_b = SmemDesc128B(smem + S::kOffBufB + b_stage * S::kBufB);
             const uint32_t buf_a = smem + S::kOffBufA + a_stage * S::kBufA + (kPP ? 0 : wg * (64 * MI) * 128);
 #pragma unroll
@@ -1466,10 +1373,7 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
           }
           continue;
         }
-        tr.Start();
         MbarWait(bar_full_raw + 8 * r_stage, r_phase);
-        tr.Stop(kTrConsWaitRaw);
-        JGA_TRACE_FIRST_DATA();
         const uint32_t raw_a = smem + S::kOffRawA + r_stage * S::kRawA;
         const uint32_t sfa = smem + S::kOffSfA + r_stage * S::kSfA;
         // fp8: all four scale bytes of the slab of each of this thread's rows are one aligned word;
@@ -1534,7 +1438,6 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
             for (int rr = 0; rr < 2; ++rr)
 #pragma unroll
               for (int w = 0; w < RW; ++w) asm volatile("" : "+r"(rawv[mi][rr][w]));
-            tr.Start();
             uint32_t m1v[2], m2v[2];
             bool any_big;
             if constexpr (Tr::kScaleE4M3) {
@@ -1585,11 +1488,7 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
             // The slab's last step has consumed every value loaded from the raw stage: hand it back
             // (after the conversion, so that the fence finds no load of this thread in flight).
             if (ui == kUPS - 1 && mi == MI - 1) ReleaseRawStage(bar_empty_raw + 8 * r_stage, lane);
-            tr.Stop(kTrConsConvert);
-            tr.Start();
             if (mi == 0) MbarWait(bar_full_b + 8 * b_stage, b_phase);
-            tr.Stop(kTrConsWaitFullB);
-            tr.Start();
             FenceOperand(acc[mi]);
             WgmmaFence();
 #pragma unroll
@@ -1597,10 +1496,7 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
               WgmmaRS_m64n128k16(acc[mi], f[s][0], f[s][1], f[s][2], f[s][3], desc_b + 2 * s);
             }
             WgmmaCommit();
-            tr.Stop(kTrConsIssue);
-            tr.Start();
             WgmmaWait<1>();  // retires step s-1
-            tr.Stop(kTrConsWaitMma);
             keep_alive(frag[fb ^ 1]);
             // Step s-1 was the last step of the previous unit: its B buffer is free.
             if (mi == 0) {
@@ -1635,23 +1531,16 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
       if constexpr (kSplitK) {
         const int ctid = threadIdx.x - 32 * R::kFirstConsumerWarp;
         if (wu.split < wu.splits - 1) {
-          tr.Start();
           StorePartial<MI>(acc, p, wu, ctid);
-          tr.Stop(kTrSplitStore);
           continue;  // the reducer stores this tile and takes its amax
         }
         if (wu.splits > 1) {
-          tr.Start();
           WaitForPartials(p, wu);
-          tr.Stop(kTrSplitWait);
-          tr.Start();
           AddPartials<MI>(acc, p, wu, ctid);
-          tr.Stop(kTrSplitRead);
         }
       }
 
       // ---- epilogue: one straight-line path per output dtype (switch once per tile) ----
-      tr.Start();
       {
         const int row_w = tc.mt * kBM + (kPP ? 0 : wg * 64 * MI) + warp * 16;
         const int col_t = (tc.nt * kCl + rank) * kBN;
@@ -1669,16 +1558,9 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
           default: epilogue(std::integral_constant<int, 5>{}); break;
         }
       }
-      tr.Stop(kTrConsEpilogue);
       if constexpr (kPP) skip_units(units_per_tile);  // the other warpgroup's next tile
     }
     if (cur_l >= 0 && do_amax) FlushAmax(amax_run, p.amax, cur_l);
-#undef JGA_TRACE_FIRST_DATA
-#ifdef JGA_SM90_TRACE
-    tr.Add(kTrConsTotal, clock64() - cons_t0);
-    tr.Add(kTrConsEnd, clock64() - t_entry);
-#endif
-    tr.Flush(p.trace, threadIdx.x == 32 * R::kFirstConsumerWarp);
   }
   // No CTA may exit while a peer can still multicast into its shared memory or arrive on it.
   ClusterSync<kCl>();

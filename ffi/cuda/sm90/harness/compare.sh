@@ -1,6 +1,6 @@
 #!/bin/bash
 # Builds the harness twice (in parallel) and compares the builds: test and bench of each.
-# (Timing experiments: trace.sh.) Usage (repo root, on the device):
+# Usage (repo root, on the device):
 #   compare.sh "FLAGS_A" "FLAGS_B" [bench iters]
 # SRC_A / SRC_B pick the kernel sources of each build (default ffi; see build.sh's SRC), e.g. the
 # working tree against a branch exported to other/ffi:  SRC_B=other/ffi compare.sh "" ""

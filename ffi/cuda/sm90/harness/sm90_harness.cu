@@ -880,35 +880,6 @@ static void OneConfig(int64_t M, int64_t N, int64_t K, int tile, int iters, int 
   SetPre(o, pre);
   const double med = MedianLaunchMs(p, d, o, iters);
   const sm90::PlanInfo plan = PlanH(p, o);  // tile 0: the heuristic's tile
-  {  // one traced launch (counters are only filled by -DJGA_SM90_TRACE builds)
-    unsigned long long* tr;
-    CK(cudaMalloc(&tr, sm90::kTraceSlots * sizeof(unsigned long long)));
-    CK(cudaMemset(tr, 0, sm90::kTraceSlots * sizeof(unsigned long long)));
-    o.trace = tr;
-    CK(LaunchH(p, Bufs(d), o));
-    CK(cudaDeviceSynchronize());
-    unsigned long long h[sm90::kTraceSlots];
-    CK(cudaMemcpy(h, tr, sizeof h, cudaMemcpyDeviceToHost));
-    cudaFree(tr);
-    if (h[7] != 0) {  // cons total: filled by trace builds
-      int sms = 0;
-      CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-      const int tm = plan.tile_m;
-      const double slabs = static_cast<double>((M + tm - 1) / tm) * ((N + 127) / 128) * ((K + 127) / 128) / sms;
-      const char* names[] = {"conv wait raw", "conv wait emptyB", "conv total", "producer wait",
-                             "cons wait raw", "cons wait fullB", "cons wait MMA", "cons total", "cons epilogue",
-                             "producer issue", "conv fence+arrive", "conv load+convert+store",
-                             "cons scale+convert", "cons wgmma issue", "producer wait pre", "cons wait A'",
-                             "cons loop start@", "cons first data@", "split store", "split wait", "split read",
-                             "cons end@", "producer first issue@", "producer synced@", "producer ready@",
-                             "producer issued A@", "producer issued B@", "producer decoded@"};
-      static_assert(sizeof(names) / sizeof(names[0]) == sm90::kTraceSlots, "a name per trace slot");
-      printf("trace (kcycles per CTA; %.0f slabs per CTA):", slabs);
-      for (int i = 0; i < sm90::kTraceSlots; ++i) printf(" %s=%.1f", names[i], h[i] / 1e3 / sms);
-      printf("\n  per slab (cycles): producer issue %.0f, cons total %.0f, wait raw %.0f, fullB %.0f, MMA %.0f\n",
-             h[9] / slabs / sms, h[7] / slabs / sms, h[4] / slabs / sms, h[5] / slabs / sms, h[6] / slabs / sms);
-    }
-  }
   // Host time of one launch (plan, two tensor maps, the GEMM), queued back to back.
   CK(cudaDeviceSynchronize());
   constexpr int kHostLaunches = 200;

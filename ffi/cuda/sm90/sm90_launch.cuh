@@ -28,8 +28,8 @@ struct LaunchCtx {
 
 // Per device and kernel: how many clusters fit on the GPU at once (a persistent grid
 // must be co-resident; not every SM can host a CTA of a cluster). Filled by Prepare*().
-// kind: 0 the plain kernel, 1 split-K, 1 + kPre with pre-converted operands (2-4; 8: A'B' ping-pong,
-// 2-CTA clusters), 5 split-K with pre-converted A.
+// kind: 0 the plain kernel, 1 split-K, 1 + kPre with pre-converted operands (2: B', 3: A', 8: A'B'
+// ping-pong, 2-CTA clusters), 5 split-K with pre-converted A.
 constexpr int kMaxDevices = 64;
 constexpr int kKernelKinds = 9;  // kinds 0 .. 1 + (kPreA | kPreB | kPingPong)
 int& MaxActiveClusters(int device, int variant, int mi, int kind);
@@ -42,8 +42,8 @@ cudaError_t LaunchVariant3(const LaunchCtx& ctx);  // e2m1, e8m0/16
 cudaError_t LaunchVariant4(const LaunchCtx& ctx);  // e2m1, e4m3/16 (NVFP4)
 
 // Loads the eight kernels of variant V (two tile heights, with and without split-K; tile 256 with
-// pre-converted A, B, or both (ping-pong), and split-K with pre-converted A) on the current device and raises
-// their dynamic shared-memory limit. Must run outside stream capture (it may load the module
+// pre-converted A, B, or both (ping-pong), and split-K with pre-converted A) on the current device
+// and raises their dynamic shared-memory limit. Must run outside stream capture (it may load the module
 // lazily): see Prepare().
 cudaError_t PrepareVariant0();
 cudaError_t PrepareVariant1();

@@ -1,0 +1,283 @@
+// Conversion of the SM90 kernels' operands to BF16 (value x scale, exact): the bit moves of the
+// fp8 / fp4 codes, the scale multipliers, where a 64-K unit's codes and scale groups sit in a slab,
+// and the three users' forms: ConvertRowUnit (a row's unit as 16-byte chunks: the B converter and
+// PreconvertKernel) and ConvertAFragment (the consumers' WGMMA A fragments).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "cuda/sm90/sm90_config.cuh"
+#include "cuda/sm90/sm90_ptx.cuh"
+
+namespace jga {
+namespace sm90 {
+
+// Code -> BF16 bit conversions (value * 2^-O, exact).
+// fp8: one 32-bit word (4 codes, k0..k3) -> two bf16x2 pairs (k0,k1), (k2,k3).
+template <int V>
+__device__ __forceinline__ void Fp8WordToRaw(uint32_t x, uint32_t& p0, uint32_t& p1) {
+  // PRMT builds halfwords [sign-replicated byte | byte]; a shift puts exponent/mantissa in place.
+  const uint32_t h0 = Prmt(x, 0u, 0x9180u);
+  const uint32_t h1 = Prmt(x, 0u, 0xB3A2u);
+  if constexpr (V == kV_E4M3) {
+    p0 = (h0 << 4) & 0x87F087F0u;
+    p1 = (h1 << 4) & 0x87F087F0u;
+  } else {
+    p0 = (h0 << 5) & 0x8FE08FE0u;
+    p1 = (h1 << 5) & 0x8FE08FE0u;
+  }
+}
+// fp4: one 32-bit word (8 codes, low nibble first) -> four bf16x2 pairs (k0,k1)...(k6,k7).
+__device__ __forceinline__ void Fp4WordToRaw(uint32_t x, uint32_t& p0, uint32_t& p1, uint32_t& p2, uint32_t& p3) {
+  const uint32_t xe = x << 4;  // even-k nibbles in the high half of each byte
+  p0 = (Prmt(xe, x, 0xC480u) << 2) & 0x81C081C0u;
+  p1 = (Prmt(xe, x, 0xD591u) << 2) & 0x81C081C0u;
+  p2 = (Prmt(xe, x, 0xE6A2u) << 2) & 0x81C081C0u;
+  p3 = (Prmt(xe, x, 0xF7B3u) << 2) & 0x81C081C0u;
+}
+
+// Scale byte -> multipliers (bf16x2 bit patterns). m2 is only applied when `big` (e8m0 bytes above
+// kT, NaN included); invalid groups (past K) get m1 = 0.
+template <int V>
+__device__ __forceinline__ void ScaleToMul(uint32_t s, bool valid, uint32_t& m1, uint32_t& m2, bool& big) {
+  using Tr = VariantTraits<V>;
+  if constexpr (Tr::kScaleE4M3) {
+    // e4m3 scale * 2^(O - D) = scale * 2^118, exact in bf16 (<= 4 significant bits).
+    float f = __uint_as_float((s & 0x7Fu) << 20);  // scale * 2^-120 (fp32, subnormals exact)
+    f = f * 0x1p119f * 0x1p119f;
+    uint32_t b = (__float_as_uint(f) >> 16) | ((s & 0x80u) << 8);
+    if ((s & 0x7Fu) == 0x7Fu) b = 0x7FC0u;
+    b = valid ? b : 0u;
+    m1 = b | (b << 16);
+    m2 = 0x3F803F80u;
+    big = false;
+  } else {
+    const uint32_t sc = min(s, static_cast<uint32_t>(Tr::kT));
+    uint32_t b = valid ? ((sc + Tr::kOD) << 7) : 0u;
+    m1 = b | (b << 16);
+    big = valid && (s > static_cast<uint32_t>(Tr::kT));
+    uint32_t b2 = (s == 255u) ? 0x7FC0u : ((s - Tr::kT + 127u) << 7);
+    b2 = big ? b2 : 0x3F80u;
+    m2 = b2 | (b2 << 16);
+  }
+}
+
+// Offset of (row within a 128-row scale block, group%4) inside a 512-byte scale block.
+__device__ __forceinline__ uint32_t SfInBlock(int row, int g4) {
+  return static_cast<uint32_t>((row & 31) * 16 + ((row & 127) >> 5) * 4 + g4);
+}
+
+// Scale-group bookkeeping of one thread's 16 (fp8) / 16 (fp4, 8 bytes) codes of a 64-K unit.
+//   fp8:  unit ui = half h of the slab; chunk t of the half -> group-in-slab 2h + t/2
+//   fp4:  unit ui = 2h + u (half h, quarter u); chunk t -> sfv32: 4h + t; sfv16: 8h + 2t + u
+template <int V>
+__device__ __forceinline__ int GroupInSlab(int ui, int t) {
+  using Tr = VariantTraits<V>;
+  if constexpr (!Tr::kFp4) {
+    return 2 * ui + (t >> 1);
+  } else if constexpr (Tr::kSfv == 32) {
+    return 4 * (ui >> 1) + t;
+  } else {
+    return 8 * (ui >> 1) + 2 * t + (ui & 1);
+  }
+}
+
+// The 16-byte chunk of a slab row that holds piece t (< 4) of 64-K unit ui: fp8 takes all of chunk
+// 4ui + t, fp4 the 8-byte half ui & 1 of chunk 4(ui >> 1) + t.
+template <int V>
+__device__ __forceinline__ int UnitChunk(int ui, int t) {
+  return VariantTraits<V>::kFp4 ? 4 * (ui >> 1) + t : 4 * ui + t;
+}
+// The scale groups of one row's 64-K unit ui: fp8 two (2ui + j), fp4 four (one per piece).
+template <int V>
+constexpr int kRowUnitGroups = VariantTraits<V>::kFp4 ? 4 : 2;
+template <int V>
+__device__ __forceinline__ int RowUnitGroup(int ui, int j) {
+  return VariantTraits<V>::kFp4 ? GroupInSlab<V>(ui, j) : 2 * ui + j;
+}
+
+// The inputs of ConvertRowUnit for one row's unit ui of `slab`: load_piece(chunk, half) returns
+// piece t of the unit (UnitChunk; fp8: 16 bytes, fp4: 8 bytes in .x/.y at byte 8 * half), and
+// load_sf(group in slab) its scale byte; a group is valid when it lies below k_groups.
+template <int V, class LoadPiece, class LoadSf>
+__device__ __forceinline__ void GatherRowUnit(int ui, int slab, int k_groups, LoadPiece&& load_piece, LoadSf&& load_sf,
+                                              uint32_t (&codes)[16], uint32_t (&sf)[4], bool (&valid)[4]) {
+  using Tr = VariantTraits<V>;
+#pragma unroll
+  for (int t = 0; t < 4; ++t) {
+    const uint4 v = load_piece(UnitChunk<V>(ui, t), ui & 1);
+    if constexpr (!Tr::kFp4) {
+      codes[4 * t] = v.x; codes[4 * t + 1] = v.y; codes[4 * t + 2] = v.z; codes[4 * t + 3] = v.w;
+    } else {
+      codes[2 * t] = v.x; codes[2 * t + 1] = v.y;
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kRowUnitGroups<V>; ++j) {
+    const int gis = RowUnitGroup<V>(ui, j);
+    sf[j] = load_sf(gis);
+    valid[j] = slab * Tr::kGroupsPerSlab + gis < k_groups;
+  }
+}
+
+// Runs convert(std::true_type) when any lane of the warp needs the second multiply (an e8m0 scale
+// above kT, NaN included), else convert(std::false_type): the rare path is a copy of the loop, one
+// uniform branch around it (inside the loop ptxas would issue the multiply predicated for every
+// value).
+template <class Convert>
+__device__ __forceinline__ void WithSecondMultiplyIfAny(bool any_big, Convert&& convert) {
+  if (__any_sync(0xFFFFFFFFu, any_big)) {
+    convert(std::true_type{});
+  } else {
+    convert(std::false_type{});
+  }
+}
+
+// Conversion of one operand row's 64-K unit ui of a slab (value x scale -> BF16, exact), shared by
+// the B converter warpgroup and PreconvertKernel (A or B); the consumers' in-register A conversion
+// produces the same values in WGMMA fragment layout instead. In (GatherRowUnit): the unit's codes
+// (fp8: words codes[4t + s] of piece t; fp4: codes[2t + w]), the scale bytes of its groups
+// (RowUnitGroup j in sf[j]) and whether each group lies within K. Out: the unit's eight 16-byte
+// BF16 chunks in the consumers' K order, handed to store(chunk, x, y, z, w). The converter puts
+// chunk c of row r at c ^ (r & 7) of the row (128B swizzle); PreconvertKernel writes it at c, and
+// a 128B-swizzled TMA load of 128-byte rows puts it where the converter would.
+// Must be called by whole warps (a vote picks the rare two-multiply path).
+template <int V, class Store>
+__device__ __forceinline__ void ConvertRowUnit(const uint32_t (&codes)[16], const uint32_t (&sf)[4], const bool (&valid)[4],
+                                             Store&& store) {
+  using Tr = VariantTraits<V>;
+  if constexpr (!Tr::kFp4) {
+    uint32_t m1[2], m2[2];
+    bool any_big = false;
+#pragma unroll
+    for (int gi = 0; gi < 2; ++gi) {
+      bool big;
+      ScaleToMul<V>(sf[gi], valid[gi], m1[gi], m2[gi], big);
+      any_big |= big;
+    }
+    WithSecondMultiplyIfAny(any_big, [&](auto two_multiplies) {
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        uint32_t lo[4], hi[4];
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+          uint32_t a0, a1;
+          Fp8WordToRaw<V>(codes[4 * t + s], a0, a1);
+          const int gi = t >> 1;
+          a0 = MulBF16x2(a0, m1[gi]);
+          a1 = MulBF16x2(a1, m1[gi]);
+          if constexpr (decltype(two_multiplies)::value) {
+            a0 = MulBF16x2(a0, m2[gi]);
+            a1 = MulBF16x2(a1, m2[gi]);
+          }
+          lo[t] = a0;
+          hi[t] = a1;
+        }
+        store(2 * s, lo[0], lo[1], lo[2], lo[3]);
+        store(2 * s + 1, hi[0], hi[1], hi[2], hi[3]);
+      }
+    });
+  } else {
+    uint32_t m1[4];
+    bool any_big = false;
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      uint32_t m2d;
+      bool big;
+      ScaleToMul<V>(sf[t], valid[t], m1[t], m2d, big);
+      any_big |= big;
+    }
+    WithSecondMultiplyIfAny(any_big, [&](auto two_multiplies) {
+#pragma unroll
+      for (int ww = 0; ww < 2; ++ww) {
+        uint32_t pr[4][4];  // [pair][t]
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+          uint32_t a[4];
+          Fp4WordToRaw(codes[2 * t + ww], a[0], a[1], a[2], a[3]);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) pr[j][t] = MulBF16x2(a[j], m1[t]);
+          if constexpr (decltype(two_multiplies)::value) {
+            uint32_t m1d, m2;
+            bool big;
+            ScaleToMul<V>(sf[t], valid[t], m1d, m2, big);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) pr[j][t] = MulBF16x2(pr[j][t], m2);
+          }
+        }
+        // pairs of word ww: (s=2ww,h=0),(2ww,1),(2ww+1,0),(2ww+1,1); chunk = 2s+h.
+#pragma unroll
+        for (int j = 0; j < 4; ++j) store(2 * (2 * ww + (j >> 1)) + (j & 1), pr[j][0], pr[j][1], pr[j][2], pr[j][3]);
+      }
+    });
+  }
+}
+
+// 32-bit words of one row's codes of a 64-K unit that a consumer thread converts: 16 fp8 or fp4
+// bytes (fp8: 16 codes, one LDS.128; fp4: 16 codes in 8 bytes, one LDS.64).
+template <int V>
+constexpr int kAWords = VariantTraits<V>::kFp4 ? 2 : 4;
+
+// The consumers' in-register conversion of A: one thread's codes of a 64-K unit for the two rows
+// rr = 0, 1 of a 64-row WGMMA slice (raw[rr], loaded as GatherRowUnit's pieces t of the thread's
+// lane % 4) with their scale bytes scale_byte(rr) (valid: the group lies below K) -> the BF16 A
+// fragment f[k-step][register] of the RS WGMMA (registers rr and rr + 2 of each k-step: the row's
+// two halves of the k-step). The same values as ConvertRowUnit, in fragment layout. Must be called
+// by whole warps (a vote picks the rare two-multiply path).
+template <int V, class ScaleByte>
+__device__ __forceinline__ void ConvertAFragment(const uint32_t (&raw)[2][kAWords<V>], ScaleByte&& scale_byte, bool valid,
+                                                 uint32_t (&f)[4][4]) {
+  using Tr = VariantTraits<V>;
+  uint32_t m1v[2], m2v[2];
+  bool any_big;
+  if constexpr (Tr::kScaleE4M3) {
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      bool big;
+      ScaleToMul<V>(scale_byte(rr), valid, m1v[rr], m2v[rr], big);
+    }
+    any_big = false;
+  } else {
+    // e8m0: one multiply unless a byte of this warp is above kT (rare: scale > 2^(127-O)).
+    const uint32_t s0 = scale_byte(0), s1 = scale_byte(1);
+    any_big = __any_sync(0xFFFFFFFFu, valid && max(s0, s1) > static_cast<uint32_t>(Tr::kT));
+    if (!any_big) {
+      m1v[0] = valid ? (s0 + Tr::kOD) * 0x00800080u : 0u;
+      m1v[1] = valid ? (s1 + Tr::kOD) * 0x00800080u : 0u;
+      m2v[0] = m2v[1] = 0x3F803F80u;
+    } else {
+      bool big;
+      ScaleToMul<V>(s0, valid, m1v[0], m2v[0], big);
+      ScaleToMul<V>(s1, valid, m1v[1], m2v[1], big);
+    }
+  }
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    uint32_t pr[4][2];  // [kstep][half]
+    if constexpr (!Tr::kFp4) {
+#pragma unroll
+      for (int s = 0; s < 4; ++s) Fp8WordToRaw<V>(raw[rr][s], pr[s][0], pr[s][1]);
+    } else {
+#pragma unroll
+      for (int w = 0; w < 2; ++w) Fp4WordToRaw(raw[rr][w], pr[2 * w][0], pr[2 * w][1], pr[2 * w + 1][0], pr[2 * w + 1][1]);
+    }
+#pragma unroll
+    for (int s = 0; s < 4; ++s)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) f[s][rr + 2 * hh] = MulBF16x2(pr[s][hh], m1v[rr]);
+  }
+  // Rare (an e8m0 scale above 2^(127-O), or NaN): a second multiplier. One uniform branch around
+  // the block; per value, ptxas would issue it predicated every time.
+  if (any_big) {
+#pragma unroll
+    for (int s = 0; s < 4; ++s)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) f[s][r] = MulBF16x2(f[s][r], m2v[r & 1]);
+  }
+}
+
+}  // namespace sm90
+}  // namespace jga

@@ -89,7 +89,7 @@ NB_MODULE(_jax_gemm_amax, m) {
                         int32_t sf_vec_size, size_t workspace_bytes, int32_t sms) {
     jga::sm90::PlanInfo info;
     const cudaError_t err = jga::sm90::PlanFor(Sm90Problem(batch, m, n, k, ab_type, sf_type, sf_vec_size, true),
-                                               workspace_bytes, jga::sm90::LaunchOptions{}, &info, sms);
+                                               workspace_bytes, &info, sms);
     if (err != cudaSuccess) throw std::runtime_error(std::string("sm90_plan: ") + cudaGetErrorString(err));
     nb::dict plan;
     plan["tile_m"] = info.tile_m;

@@ -34,6 +34,7 @@
 #include "common/numerics.h"
 #include "common/problem.h"
 #include "cuda/sm90/gemm_amax_sm90.h"
+#include "cuda/sm90/sm90_planner.h"
 
 using namespace jga;
 

@@ -35,8 +35,11 @@ if ! run_stage tests; then  # the suite checks the SASS itself (tests/test_cuda_
 fi
 
 if run_stage tests; then
+  # The kernel's own cases (tests/test_sm90_kernel_cases.py) link the kernels just built instead of
+  # compiling them again.
+  export JGA_SM90_KERNEL_LIB=/tmp/jga-build/libjga_cuda_sm90.a
   # JGA_TEST_SHARDS pytest processes at once, each every N-th test (tests/conftest.py): the suite's
-  # time is mostly XLA's compiles on the host (~500 s in one process on an H200 machine).
+  # time is mostly XLA's compiles on the host, ~500 s in one process.
   # JGA_TEST_PATHS (paths relative to the repository root, default tests) runs part of the suite.
   SHARDS=${JGA_TEST_SHARDS:-3}; pids=(); paths=()
   for p in ${JGA_TEST_PATHS:-tests}; do paths+=("$REPO/$p"); done
@@ -59,7 +62,7 @@ fi
 if run_stage bench; then
   # Under JAX's default allocator (preallocation), as users run: with XLA_PYTHON_CLIENT_PREALLOCATE=false,
   # XLA's "Build buffer allocations" took 0.5-0.7 ms per call of a 20-op gemm_amax chain against
-  # 71 us with the preallocated pool (benchmarks/profile_chain.py).
+  # 71 us with the preallocated pool (profiled with benchmarks/profile_chain.py).
   env -u XLA_PYTHON_CLIENT_PREALLOCATE timeout 280 python3 "$REPO/benchmarks/bench_gemm.py" --record ${JGA_BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
   echo "bench rc=$?"; tail -10 "$OUT/bench.log"
   cp "$REPO/benchmarks/RESULTS.md" "$OUT/RESULTS.md" 2>/dev/null

@@ -1,4 +1,4 @@
-// Hopper (sm_90a) block-scaled GEMM with fused amax. See sm90_kernel.cuh for the design.
+// Hopper (sm_90a) block-scaled GEMM with fused amax. How it works: DESIGN.md beside this file.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -78,16 +78,7 @@ ffi::Error DescribeProblem(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b, con
   p->k = fp4 ? ad[2] * 2 : ad[2];
   if (bd[0] != p->batch || bd[2] != ad[2])
     return Invalid("b " + ShapeString(b) + " does not match a " + ShapeString(a));
-  if (p->batch < 1 || p->m < 1 || p->n < 1 || p->k < 1) return Invalid("L, M, N and K must be at least 1");
-
-  if (p->sf_type == ScaleType::kE4M3 && sf_vec_size != 16)
-    return Invalid("float8_e4m3fn scales require sf_vec_size=16");
-  if (!fp4 && sf_vec_size != 32) return Invalid("fp8 a/b require sf_vec_size=32");
-  if (p->c_type == OutputType::kE2M1x2 && !fp4) return Invalid("fp4 c requires fp4 a/b");
-  if (p->k % sf_vec_size != 0) return Invalid("K must be a multiple of sf_vec_size");
-  if (p->operand_row_bytes() % 16 != 0) return Invalid("rows of a and b must be 16-byte aligned");
-
-  if ((p->n * OutputBits(p->c_type)) % 128 != 0) return Invalid("rows of c must be 16-byte aligned");
+  if (const char* why = ContractViolation(*p)) return Invalid(why);
 
   const std::vector<int64_t> want_sfa = {p->batch, p->row_blocks(p->m), p->k_blocks(), 32, 4, 4};
   const std::vector<int64_t> want_sfb = {p->batch, p->row_blocks(p->n), p->k_blocks(), 32, 4, 4};

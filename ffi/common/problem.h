@@ -79,6 +79,11 @@ struct GemmAmaxProblem {
   JGA_HOST_DEVICE int64_t c_row_bytes() const { return n * OutputBits(c_type) / 8; }
 };
 
+// The contract's rules on a problem (formats, sizes, alignment), the one place they are checked
+// for every backend: nullptr if `p` satisfies them, else why not (problem.cc). The FFI decoding
+// (ffi_problem.cc) calls it; each kernel library's own support check adds only its own limits.
+const char* ContractViolation(const GemmAmaxProblem& p);
+
 // Offset of the scale of row `row` and K group `group` inside one batch item of a physical
 // scale tensor (L, ceil(rows/128), ceil(groups/4), 32, 4, 4):
 //   [row / 128, group / 4, row % 32, (row % 128) / 32, group % 4]

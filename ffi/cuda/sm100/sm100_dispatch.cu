@@ -59,6 +59,7 @@ const ConfigFns* Select(const GemmAmaxProblem& p, const char** why) {
     *why = reason;
     return nullptr;
   };
+  if (const char* reason = ContractViolation(p)) return no(reason);  // checked by the handler; direct callers not
   const Format format = FormatOf(p);
   switch (format) {
     case Format::kInvalid:
@@ -67,12 +68,6 @@ const ConfigFns* Select(const GemmAmaxProblem& p, const char** why) {
                     : "fp8 a/b need e8m0 scales with sf_vec_size 32");
     default: break;
   }
-  if (p.c_type == OutputType::kE2M1x2 && !p.fp4_operands()) return no("fp4 c requires fp4 a/b");
-  const int bits = OutputBits(p.c_type);
-  if (bits == 0) return no("unknown c dtype");
-  if ((p.n * bits) % 128 != 0) return no("rows of c must be 16-byte aligned");
-  if (p.operand_row_bytes() % 16 != 0) return no("rows of a and b must be 16-byte aligned");
-  if (p.batch < 1 || p.m < 1 || p.n < 1 || p.k < 1) return no("L, M, N and K must be at least 1");
   if (p.m > INT_MAX || p.n > INT_MAX || p.k > INT_MAX || p.batch > INT_MAX)
     return no("L, M, N and K must each be below 2^31 for the sm_100 kernel");
 

@@ -73,17 +73,11 @@ int& MaxActiveClusters(int device, int variant, int mi, int kind) {
 }
 
 const char* Unsupported(const GemmAmaxProblem& p) {
-  if (p.batch < 1 || p.m < 1 || p.n < 1 || p.k < 1) return "sm90: L, M, N and K must be >= 1";
-  const int v = VariantOf(p);
-  if (v < 0) {
+  if (const char* why = ContractViolation(p)) return why;  // the handler has checked it; direct callers not
+  if (VariantOf(p) < 0) {
     return "sm90: unsupported operand/scale combination (allowed: e4m3|e5m2 with e8m0/32; packed e2m1 with "
            "e8m0/32, e8m0/16 or e4m3/16)";
   }
-  if (p.k % p.sf_vec_size != 0) return "sm90: K must be a multiple of sf_vec_size";
-  if (p.operand_row_bytes() % 16 != 0) return "sm90: A/B rows must be 16-byte aligned (K%16 for fp8, K%32 for fp4)";
-  if (OutputBits(p.c_type) == 0) return "sm90: unsupported output dtype";
-  if (p.c_type == OutputType::kE2M1x2 && p.n % 2 != 0) return "sm90: packed fp4 C needs even N";
-  if (p.c_row_bytes() % 16 != 0) return "sm90: C rows must be 16-byte aligned";
   if (p.m > (1ll << 31) - 512 || p.n > (1ll << 31) - 512 || p.batch > (1 << 30)) return "sm90: dimension too large";
   if (p.operand_row_bytes() >= (1ll << 32)) return "sm90: K too large";
   const long long tm = CeilDiv(p.m, 128), tn = CeilDiv(p.n, 128);

@@ -140,6 +140,32 @@ def test_primitive_rejects_a_malformed_direct_bind():
         )
 
 
+@pytest.mark.parametrize(
+    "k, sf_vec_size, c_dtype, message",
+    [
+        (48, 32, jnp.float32, "K must be a multiple of sf_vec_size"),  # K = 1.5 scale groups
+        (64, 16, jnp.float32, "fp8 a/b require sf_vec_size=32"),
+        (64, 32, jnp.uint8, "fp4 c requires fp4 a/b"),
+    ],
+)
+def test_ffi_handler_rejects_a_call_that_breaks_the_contract(k, sf_vec_size, c_dtype, message):
+    """The C++ rules (ffi/common) answer a custom call that bypasses the Python checks."""
+    m = n = 128
+    groups = -(-k // sf_vec_size)
+    a = jnp.ones((1, m, k), jnp.float8_e4m3fn)
+    b = jnp.ones((1, n, k), jnp.float8_e4m3fn)
+    sf = jnp.ones((1, 1, -(-groups // 4), 32, 4, 4), E8M0)
+    call = jax.ffi.ffi_call(
+        "jax_gemm_amax_cpu",
+        (jax.ShapeDtypeStruct((1, m, n), c_dtype), jax.ShapeDtypeStruct((1,), jnp.float32)),
+    )
+    with pytest.raises(Exception, match=message):
+        jax.block_until_ready(
+            call(a, b, sf, sf, sf_vec_size=np.int32(sf_vec_size), tile_m=np.int32(128), tile_n=np.int32(128),
+                 cluster_m=np.int32(1), cluster_n=np.int32(1))
+        )
+
+
 def test_quantize_errors():
     with pytest.raises(ValueError, match=r"fmt must be one of"):
         jga.quantize(jnp.ones((4, 32)), "fp8")

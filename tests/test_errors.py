@@ -152,9 +152,10 @@ def test_ffi_handler_rejects_a_call_that_breaks_the_contract(k, sf_vec_size, c_d
     """The C++ rules (ffi/common) answer a custom call that bypasses the Python checks."""
     m = n = 128
     groups = -(-k // sf_vec_size)
-    a = jnp.ones((1, m, k), jnp.float8_e4m3fn)
-    b = jnp.ones((1, n, k), jnp.float8_e4m3fn)
-    sf = jnp.ones((1, 1, -(-groups // 4), 32, 4, 4), E8M0)
+    cpu = jax.devices("cpu")[0]  # the CPU target, also where a GPU is the default backend
+    a = jax.device_put(jnp.ones((1, m, k), jnp.float8_e4m3fn), cpu)
+    b = jax.device_put(jnp.ones((1, n, k), jnp.float8_e4m3fn), cpu)
+    sf = jax.device_put(jnp.ones((1, 1, -(-groups // 4), 32, 4, 4), E8M0), cpu)
     call = jax.ffi.ffi_call(
         "jax_gemm_amax_cpu",
         (jax.ShapeDtypeStruct((1, m, n), c_dtype), jax.ShapeDtypeStruct((1,), jnp.float32)),

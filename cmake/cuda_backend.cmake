@@ -7,7 +7,7 @@ set(CMAKE_CUDA_STANDARD_REQUIRED ON)
 
 set(JGA_CUDA_FLAGS --expt-relaxed-constexpr -lineinfo)
 
-add_library(jga_cuda STATIC ffi/cuda/cuda_handler.cc)
+add_library(jga_cuda STATIC ffi/cuda/cuda_handler.cc ffi/cuda/arch.cc)
 target_link_libraries(jga_cuda PUBLIC jga_core CUDA::cudart_static)
 
 if("90a" IN_LIST JAX_GEMM_AMAX_CUDA_ARCHS)

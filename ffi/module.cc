@@ -1,12 +1,15 @@
 // The Python extension: hands the FFI handlers to jax_gemm_amax._ffi as capsules.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
 
 #include <cstdint>
 #include <stdexcept>
 #include <string>
 
+#include "common/ffi_problem.h"
 #include "xla/ffi/api/c_api.h"
 #if JGA_WITH_CUDA
+#include "cuda/arch.h"
 #include "cuda/sm90/gemm_amax_sm90.h"
 #endif
 
@@ -27,23 +30,22 @@ nb::capsule Capsule(Fn* fn) {
   return nb::capsule(reinterpret_cast<void*>(fn));
 }
 
-#if JGA_WITH_CUDA
-// C is f32 (its type changes neither rule); require_supported: raise unless the kernel takes the problem.
-jga::GemmAmaxProblem Sm90Problem(int64_t batch, int64_t m, int64_t n, int64_t k, int32_t ab_type, int32_t sf_type,
-                                 int32_t sf_vec_size, bool require_supported) {
+// A problem of the host-side rules, its dtypes named as numpy does; C is f32 (its type changes no
+// rule asked here) and the tuning hints are the defaults.
+jga::GemmAmaxProblem HostProblem(int64_t batch, int64_t m, int64_t n, int64_t k, const std::string& operand_dtype,
+                                 const std::string& scale_dtype, int32_t sf_vec_size) {
   jga::GemmAmaxProblem p;
   p.batch = batch;
   p.m = m;
   p.n = n;
   p.k = k;
-  p.ab_type = static_cast<jga::OperandType>(ab_type);
-  p.sf_type = static_cast<jga::ScaleType>(sf_type);
+  xla::ffi::Error error = jga::OperandTypeNamed(operand_dtype, &p.ab_type);
+  if (error.success()) error = jga::ScaleTypeNamed(scale_dtype, &p.sf_type);
+  if (error.failure()) throw std::invalid_argument(error.message());
   p.sf_vec_size = sf_vec_size;
   p.c_type = jga::OutputType::kF32;
-  if (const char* why = require_supported ? jga::sm90::Unsupported(p) : nullptr) throw std::invalid_argument(why);
   return p;
 }
-#endif
 
 }  // namespace
 
@@ -76,20 +78,29 @@ NB_MODULE(_jax_gemm_amax, m) {
     return targets;
   });
   m.attr("built_with_cuda") = bool(JGA_WITH_CUDA);
+  // The device workspace a call is offered (the JAX lowering sizes the custom call's workspace
+  // result with it): the rule of the current GPU's architecture or, without a usable GPU, the
+  // largest over the architectures built; 0 without CUDA. No GPU needed.
+  m.def("workspace_bytes", [](int64_t batch, int64_t m, int64_t n, int64_t k, const std::string& operand_dtype,
+                              const std::string& scale_dtype, int32_t sf_vec_size, bool offer_copies) -> size_t {
+    const jga::GemmAmaxProblem p = HostProblem(batch, m, n, k, operand_dtype, scale_dtype, sf_vec_size);
 #if JGA_WITH_CUDA
-  // The SM90 kernel's host-side rules: the workspace a call is offered (the JAX lowering sizes the
-  // custom call's workspace result with it; host arithmetic, no GPU needed) and, for tests, the plan
-  // the current device picks with a given workspace (sms > 0: a GPU with that many SMs, no device
-  // needed). Types as in common/problem.h (OperandType, ScaleType).
-  m.def("sm90_workspace_bytes", [](int64_t batch, int64_t m, int64_t n, int64_t k, int32_t ab_type, int32_t sf_type,
-                                   int32_t sf_vec_size, bool offer_copies) {
-    return jga::sm90::WorkspaceBytes(Sm90Problem(batch, m, n, k, ab_type, sf_type, sf_vec_size, false), offer_copies);
+    return jga::CudaWorkspaceBytes(p, offer_copies);
+#else
+    (void)p;
+    (void)offer_copies;
+    return 0;
+#endif
   });
-  m.def("sm90_plan", [](int64_t batch, int64_t m, int64_t n, int64_t k, int32_t ab_type, int32_t sf_type,
-                        int32_t sf_vec_size, size_t workspace_bytes, int32_t sms) {
+#if JGA_WITH_CUDA
+  // For tests: the plan the SM90 kernel picks with a given workspace on the current device (sms > 0:
+  // a GPU with that many SMs, no device needed); raises unless the kernel takes the problem.
+  m.def("sm90_plan", [](int64_t batch, int64_t m, int64_t n, int64_t k, const std::string& operand_dtype,
+                        const std::string& scale_dtype, int32_t sf_vec_size, size_t workspace_bytes, int32_t sms) {
+    const jga::GemmAmaxProblem p = HostProblem(batch, m, n, k, operand_dtype, scale_dtype, sf_vec_size);
+    if (const char* why = jga::sm90::Unsupported(p)) throw std::invalid_argument(why);
     jga::sm90::PlanInfo info;
-    const cudaError_t err = jga::sm90::PlanFor(Sm90Problem(batch, m, n, k, ab_type, sf_type, sf_vec_size, true),
-                                               workspace_bytes, &info, sms);
+    const cudaError_t err = jga::sm90::PlanFor(p, workspace_bytes, &info, sms);
     if (err != cudaSuccess) throw std::runtime_error(std::string("sm90_plan: ") + cudaGetErrorString(err));
     nb::dict plan;
     plan["tile_m"] = info.tile_m;

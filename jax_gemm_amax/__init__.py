@@ -11,7 +11,7 @@ from .layout import (
     scale_shape,
 )
 from .ops import GemmAmaxResult, gemm_amax, reference_gemm_amax
-from .primitive import gemm_amax_p
+from .primitives.gemm_amax import gemm_amax_p
 from .quantize import dequantize, quantize
 
 __version__ = "0.1.0"

@@ -5,8 +5,6 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from ._problem import E4M3, E8M0_LIKE, FP4_OPERAND, FP8_OPERANDS, PACKED_FP4
-
 try:
     from . import _jax_gemm_amax as _ext
 except ImportError as e:  # pragma: no cover - depends on how the package is imported
@@ -29,28 +27,19 @@ for _name, _capsule in _ext.cuda_targets().items():
     jax.ffi.register_ffi_target(_name, _capsule, platform="CUDA")
 
 
-# OperandType and ScaleType as numbered in ffi/common/problem.h, decided as DescribeProblem
-# (ffi_problem.cc) does: packed FP4 (uint8) and float4_e2m1fn are e2m1; int8/uint8 scales are e8m0.
-_OPERAND_TYPES = {FP8_OPERANDS[0]: 0, FP8_OPERANDS[1]: 1, FP4_OPERAND: 2, PACKED_FP4: 2}
-_SCALE_TYPES = {**{dt: 0 for dt in E8M0_LIKE}, E4M3: 1}
-
-
-def _sm90_problem(batch, m, n, k, operand_dtype, scale_dtype, sf_vec_size):
-    """The arguments of the extension's sm90_* functions."""
-    return (batch, m, n, k, _OPERAND_TYPES[np.dtype(operand_dtype)], _SCALE_TYPES[np.dtype(scale_dtype)], sf_vec_size)
-
-
-def sm90_workspace_bytes(batch, m, n, k, operand_dtype, scale_dtype, sf_vec_size, offer_copies=True) -> int:
-    """The SM90 kernel library's workspace rule (WorkspaceBytes in ffi/cuda/sm90/gemm_amax_sm90.cu):
-    per-tile split-K counters and fp32 partial tiles (for every tile when there are few, else 16 MB
-    for the last wave's tiles), and, if offer_copies, room for the BF16 copies of the operands it
-    may convert once per call (after the split-K area: A's copy; alone: A's and B's, if larger).
-    k in elements. Host arithmetic: no GPU needed."""
-    return _ext.sm90_workspace_bytes(*_sm90_problem(batch, m, n, k, operand_dtype, scale_dtype, sf_vec_size), offer_copies)
+def workspace_bytes(batch, m, n, k, operand_dtype, scale_dtype, sf_vec_size, offer_copies=True) -> int:
+    """Device workspace the CUDA handler needs for a problem, asked from the extension, which
+    answers for the architecture of the current GPU (SM90: per-tile split-K counters and fp32
+    partial tiles, and, if offer_copies, room for the BF16 copies of the operands it may convert
+    once per call; SM100: CUTLASS's kernel workspace) or, without a usable GPU, the largest over
+    the architectures built (0 in a build without CUDA). k in elements. No GPU needed."""
+    return _ext.workspace_bytes(batch, m, n, k, np.dtype(operand_dtype).name, np.dtype(scale_dtype).name,
+                                sf_vec_size, offer_copies)
 
 
 def sm90_plan(batch, m, n, k, operand_dtype, scale_dtype, sf_vec_size, workspace_bytes, sms=0) -> dict:
     """The plan the SM90 kernel picks on the current GPU (tile_m, splits, whole_tiles, preconvert_a,
     preconvert_b), for tests and reports; sms > 0: on a GPU with that many SMs (host arithmetic, no
-    GPU needed: e.g. 132 for an H200)."""
-    return _ext.sm90_plan(*_sm90_problem(batch, m, n, k, operand_dtype, scale_dtype, sf_vec_size), workspace_bytes, sms)
+    GPU needed: e.g. 132 for an H200). Built with CUDA only."""
+    return _ext.sm90_plan(batch, m, n, k, np.dtype(operand_dtype).name, np.dtype(scale_dtype).name, sf_vec_size,
+                          workspace_bytes, sms)

@@ -13,8 +13,7 @@ import numpy as np
 from . import formats
 from ._problem import FP4_OPERAND, PACKED_FP4, Problem, check_problem
 from .layout import as_physical, plain_from_physical
-from . import sharding  # noqa: F401  (registers gemm_amax_p's partitioned lowering)
-from .primitive import gemm_amax_p
+from .primitives.gemm_amax import gemm_amax_p
 
 __all__ = ["GemmAmaxResult", "gemm_amax", "reference_gemm_amax"]
 

@@ -4,7 +4,7 @@ arithmetic, no GPU), and the operand copies it takes as the tests name them."""
 from __future__ import annotations
 
 from jax_gemm_amax import _ffi
-from jax_gemm_amax.primitive import _cuda_workspace_bytes
+from jax_gemm_amax.primitives.gemm_amax import _cuda_workspace_bytes
 
 
 def lowering_plan(problem, sms=0):

@@ -9,7 +9,7 @@ import pytest
 
 import jax_gemm_amax as jga
 from jax_gemm_amax import _ffi
-from jax_gemm_amax.primitive import _cuda_workspace_bytes
+from jax_gemm_amax.primitives.gemm_amax import _cuda_workspace_bytes
 from sm90_plans import lowering_plan
 
 E4M3, E8M0 = jnp.float8_e4m3fn, jnp.float8_e8m0fnu
@@ -56,6 +56,12 @@ def test_workspace_holds_packed_fp4_operands_in_bf16():
     # K = 4096 packed in 2048 bytes per row: 16 slabs of 256 elements, 2 bytes each (32 MB each).
     results = _custom_call_results(4096, 4096, 4096, fmt="nvfp4", sfv=16)
     assert results.endswith(f"tensor<{2 * 4096 * 4096 * 2}xui8>"), results
+
+
+@pytest.mark.parametrize("operand", [jnp.float4_e2m1fn, jnp.uint8])
+def test_workspace_query_reads_float4_operands_as_packed(operand):
+    # The name float4_e2m1fn stands for the packed uint8 operands the kernels see.
+    assert _ffi.workspace_bytes(1, 4096, 4096, 4096, operand, E4M3, 16) == 2 * 4096 * 4096 * 2
 
 
 def test_preconverted_operands_can_be_withheld(monkeypatch):

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import jax_gemm_amax as jga
+from jax_gemm_amax import _ffi
 
 E8M0 = jnp.float8_e8m0fnu
 
@@ -165,6 +166,25 @@ def test_ffi_handler_rejects_a_call_that_breaks_the_contract(k, sf_vec_size, c_d
             call(a, b, sf, sf, sf_vec_size=np.int32(sf_vec_size), tile_m=np.int32(128), tile_n=np.int32(128),
                  cluster_m=np.int32(1), cluster_n=np.int32(1))
         )
+
+
+@pytest.mark.parametrize("operand,scale,match", [
+    (np.float16, E8M0, r"operand_dtype must be float8_e4m3fn, .*, got 'float16'"),
+    (jnp.float8_e4m3fn, np.float32, r"scale_dtype must be float8_e8m0fnu, .*, got 'float32'"),
+    (jnp.float8_e4m3fn, jnp.float4_e2m1fn, r"scale_dtype must be .*, got 'float4_e2m1fn'"),  # packed operands only
+])
+def test_workspace_query_names_a_bad_dtype(operand, scale, match):
+    # The extension parses the names (one table for the handlers and the lowering's question).
+    with pytest.raises(ValueError, match=match):
+        _ffi.workspace_bytes(1, 256, 256, 256, operand, scale, 32)
+
+
+@pytest.mark.parametrize("fmt", sorted(jga.FORMATS))
+def test_workspace_query_takes_every_format(fmt):
+    f = jga.FORMATS[fmt]
+    for operand in (f.value_dtype, jnp.uint8) if f.value_dtype == jnp.float4_e2m1fn else (f.value_dtype,):
+        for scale in (f.scale_dtype, jnp.uint8, jnp.int8) if f.scale_dtype == E8M0 else (f.scale_dtype,):
+            assert _ffi.workspace_bytes(1, 256, 512, 1024, operand, scale, f.sf_vec_size) >= 0
 
 
 def test_quantize_errors():

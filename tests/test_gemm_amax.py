@@ -106,6 +106,16 @@ def test_logical_scale_view_is_accepted(rng):
     np.testing.assert_array_equal(np.asarray(batched.c)[0], np.asarray(result.c))
 
 
+def test_the_primitive_and_its_rules_are_one_module():
+    # Each primitive's rules are registered where it is defined; nothing is imported for its side effects.
+    from jax_gemm_amax.primitives import gemm_amax as module
+
+    assert jga.gemm_amax_p is module.gemm_amax_p
+    package = os.path.dirname(jga.__file__)
+    sources = [os.path.join(d, f) for d, _, files in os.walk(package) for f in files if f.endswith(".py")]
+    assert not [path for path in sources if "noqa: F401" in open(path).read()]
+
+
 def test_vmap_gives_one_amax_per_item(rng):
     ps = [npref.random_problem(rng, "e4m3", E8M0, 32, 64, 32, 128) for _ in range(4)]
     a = np.stack([p.a[0] for p in ps])

@@ -406,8 +406,8 @@ def _run_sharded_layer(platform, mesh_shape):
 def test_sharded_parameters():
     """Kernel and bias sharded over a 'model' axis, inputs over 'data' (4 CPU devices, Auto
     sharding): same loss, gradients and amax as unsharded, gradients keep the kernel's sharding.
-    The three GEMMs go through gemm_amax's partitioning rule (jax_gemm_amax/sharding.py); the
-    layer adds no host callback or device_get that would stand in its way."""
+    The three GEMMs go through gemm_amax's partitioning rule (jax_gemm_amax/primitives/gemm_amax.py);
+    the layer adds no host callback or device_get that would stand in its way."""
     _run_sharded_layer("cpu", "2x2")  # the virtual devices are CPU ones, also on a GPU machine
 
 

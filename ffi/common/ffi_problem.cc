@@ -33,7 +33,61 @@ std::string ShapeString(const std::vector<int64_t>& v) {
   return os.str();
 }
 
+// XLA element types by numpy name: those an operand or scale may have.
+bool DataTypeNamed(std::string_view name, ffi::DataType* dtype) {
+  struct Named {
+    std::string_view name;
+    ffi::DataType dtype;
+  };
+  static constexpr Named kNamed[] = {
+      {"float8_e4m3fn", ffi::DataType::F8E4M3FN}, {"float8_e5m2", ffi::DataType::F8E5M2},
+      {"float8_e8m0fnu", ffi::DataType::F8E8M0FNU}, {"uint8", ffi::DataType::U8},
+      {"int8", ffi::DataType::S8},
+  };
+  for (const Named& n : kNamed) {
+    if (n.name == name) {
+      *dtype = n.dtype;
+      return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace
+
+bool OperandTypeOf(ffi::DataType dtype, OperandType* type) {
+  switch (dtype) {
+    case ffi::DataType::F8E4M3FN: *type = OperandType::kE4M3; return true;
+    case ffi::DataType::F8E5M2: *type = OperandType::kE5M2; return true;
+    case ffi::DataType::U8: *type = OperandType::kE2M1x2; return true;
+    default: return false;
+  }
+}
+
+bool ScaleTypeOf(ffi::DataType dtype, ScaleType* type) {
+  switch (dtype) {
+    case ffi::DataType::F8E8M0FNU:
+    case ffi::DataType::U8:
+    case ffi::DataType::S8: *type = ScaleType::kE8M0; return true;
+    case ffi::DataType::F8E4M3FN: *type = ScaleType::kE4M3; return true;
+    default: return false;
+  }
+}
+
+ffi::Error OperandTypeNamed(std::string_view name, OperandType* type) {
+  ffi::DataType dtype;
+  if (!DataTypeNamed(name == "float4_e2m1fn" ? "uint8" : name, &dtype) || !OperandTypeOf(dtype, type))
+    return Invalid("operand_dtype must be float8_e4m3fn, float8_e5m2, float4_e2m1fn or uint8 (packed fp4), got '" +
+                   std::string(name) + "'");
+  return ffi::Error::Success();
+}
+
+ffi::Error ScaleTypeNamed(std::string_view name, ScaleType* type) {
+  ffi::DataType dtype;
+  if (!DataTypeNamed(name, &dtype) || !ScaleTypeOf(dtype, type))
+    return Invalid("scale_dtype must be float8_e8m0fnu, int8, uint8 or float8_e4m3fn, got '" + std::string(name) + "'");
+  return ffi::Error::Success();
+}
 
 ffi::Error DescribeProblem(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b, const ffi::AnyBuffer& sfa,
                            const ffi::AnyBuffer& sfb, const ffi::AnyBuffer& c, const ffi::AnyBuffer& amax,
@@ -42,20 +96,11 @@ ffi::Error DescribeProblem(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b, con
   if (a.dimensions().size() != 3) return Invalid("a must be (L, M, K), got " + ShapeString(a));
   if (b.dimensions().size() != 3) return Invalid("b must be (L, N, K), got " + ShapeString(b));
   if (a.element_type() != b.element_type()) return Invalid("a and b must have the same dtype");
-  switch (a.element_type()) {
-    case DT::F8E4M3FN: p->ab_type = OperandType::kE4M3; break;
-    case DT::F8E5M2: p->ab_type = OperandType::kE5M2; break;
-    case DT::U8: p->ab_type = OperandType::kE2M1x2; break;
-    default: return Invalid("a/b dtype must be float8_e4m3fn, float8_e5m2 or uint8 (packed fp4)");
-  }
+  if (!OperandTypeOf(a.element_type(), &p->ab_type))
+    return Invalid("a/b dtype must be float8_e4m3fn, float8_e5m2 or uint8 (packed fp4)");
   if (sfa.element_type() != sfb.element_type()) return Invalid("sfa and sfb must have the same dtype");
-  switch (sfa.element_type()) {
-    case DT::F8E8M0FNU:
-    case DT::U8:
-    case DT::S8: p->sf_type = ScaleType::kE8M0; break;
-    case DT::F8E4M3FN: p->sf_type = ScaleType::kE4M3; break;
-    default: return Invalid("sfa/sfb dtype must be float8_e8m0fnu, int8, uint8 or float8_e4m3fn");
-  }
+  if (!ScaleTypeOf(sfa.element_type(), &p->sf_type))
+    return Invalid("sfa/sfb dtype must be float8_e8m0fnu, int8, uint8 or float8_e4m3fn");
   switch (c.element_type()) {
     case DT::F32: p->c_type = OutputType::kF32; break;
     case DT::F16: p->c_type = OutputType::kF16; break;

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "problem.h"
 #include "xla/ffi/api/ffi.h"
@@ -20,6 +21,18 @@ struct GemmAmaxHints {
   int32_t cluster_m = 1;
   int32_t cluster_n = 1;
 };
+
+// The operand and scale types of problem.h that an XLA element type stands for, as every handler
+// reads them: packed FP4 operands are uint8, int8 and uint8 scales hold e8m0 bits. False for any
+// other element type.
+bool OperandTypeOf(ffi::DataType dtype, OperandType* type);
+bool ScaleTypeOf(ffi::DataType dtype, ScaleType* type);
+
+// The same for dtype names as numpy spells them ("float8_e4m3fn"), for host-side questions asked
+// before any buffer exists (the workspace the JAX lowering gives a call). float4_e2m1fn operands
+// are the packed uint8 ones the kernels see. The error names the argument and what it got.
+ffi::Error OperandTypeNamed(std::string_view name, OperandType* type);
+ffi::Error ScaleTypeNamed(std::string_view name, ScaleType* type);
 
 // Arguments, in order: a (L, M, Kbytes), b (L, N, Kbytes), sfa, sfb (L, rows/128, kblocks, 32, 4, 4).
 // Results: c (L, M, N or N/2), amax (L,) float32.

@@ -2,26 +2,25 @@
 // capability of the stream's device. Everything is enqueued on XLA's stream: no host sync, no
 // allocation, the same device work on every call (CUDA-graph capturable).
 //
-// Device workspace is a third result of the custom call (sized by the JAX lowering, primitive.py),
-// not FFI scratch: XLA frees a ScratchAllocator's memory when the handler returns, which is before a
-// CUDA graph recorded from the call ever runs, so a graph replay would use memory that XLA may have
-// handed to another buffer. A result buffer is XLA's, for as long as the executable lives.
+// Device workspace is a third result of the custom call (sized by the JAX lowering through
+// CudaWorkspaceBytes, arch.h), not FFI scratch: XLA frees a ScratchAllocator's memory when the
+// handler returns, which is before a CUDA graph recorded from the call ever runs, so a graph replay
+// would use memory that XLA may have handed to another buffer. A result buffer is XLA's, for as
+// long as the executable lives.
 #include <cuda_runtime.h>
 
 #include <array>
-#include <atomic>
 #include <memory>
 #include <string>
 
 #include "common/ffi_problem.h"
+#include "cuda/arch.h"
 #include "cuda/sm90/gemm_amax_sm90.h"
 #if defined(JGA_HAVE_SM100)
 #include "cuda/sm100/gemm_amax_sm100.h"
 #endif
 
 namespace jga {
-
-constexpr int kMaxDevices = 64;
 
 // The state of one gemm_amax custom call (one per call site of an executable), made by the
 // instantiate stage: the sm_90 kernel's zeroing word per device (sm90::AllocResetWord). Two calls
@@ -49,22 +48,6 @@ namespace {
 ffi::Error CudaError(cudaError_t err, const char* what) {
   return ffi::Error::Internal(std::string("gemm_amax: ") + what + ": " + cudaGetErrorName(err) + ": " +
                               cudaGetErrorString(err));
-}
-
-// Compute capability (major * 10 + minor) of `device`, cached: queried once per device.
-ffi::Error ComputeCapability(int device, int* cc) {
-  static std::array<std::atomic<int>, kMaxDevices> cache{};
-  if (device >= 0 && device < kMaxDevices && cache[device].load(std::memory_order_relaxed) > 0) {
-    *cc = cache[device].load(std::memory_order_relaxed);
-    return ffi::Error::Success();
-  }
-  int major = 0, minor = 0;
-  cudaError_t err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-  if (err != cudaSuccess) return CudaError(err, "querying the compute capability");
-  *cc = major * 10 + minor;
-  if (device >= 0 && device < kMaxDevices) cache[device].store(*cc, std::memory_order_relaxed);
-  return ffi::Error::Success();
 }
 
 #if defined(JGA_HAVE_SM100)
@@ -112,8 +95,8 @@ ffi::Error GemmAmaxCudaImpl(cudaStream_t stream, CallSiteState* state, ffi::AnyB
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return CudaError(err, "finding the current device");
   int cc = 0;
-  status = ComputeCapability(device, &cc);
-  if (status.failure()) return status;
+  err = ComputeCapability(device, &cc);
+  if (err != cudaSuccess) return CudaError(err, "querying the compute capability");
 
   if (cc == 90) {
     if (const char* why = sm90::Unsupported(problem))
@@ -147,8 +130,8 @@ ffi::ErrorOr<std::unique_ptr<CallSiteState>> GemmAmaxCudaInstantiateImpl(int32_t
   if (err != cudaSuccess) return fail(CudaError(err, "listing devices"));
   for (int device = 0; device < count && device < kMaxDevices; ++device) {
     int cc = 0;
-    ffi::Error status = ComputeCapability(device, &cc);
-    if (status.failure()) return fail(std::move(status));
+    err = ComputeCapability(device, &cc);
+    if (err != cudaSuccess) return fail(CudaError(err, "querying the compute capability"));
     cudaError_t (*prepare)() = cc == 90 ? sm90::Prepare : nullptr;
 #if defined(JGA_HAVE_SM100)
     if (cc == 100) prepare = sm100::Prepare;

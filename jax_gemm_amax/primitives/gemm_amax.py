@@ -1,4 +1,17 @@
-"""Sharded gemm_amax: ``custom_partitioning`` with a Shardy rule.
+"""The primitives behind :func:`jax_gemm_amax.gemm_amax`, with all their rules.
+
+Both take normalized operands only: ``a (L, M, Kb)``, ``b (L, N, Kb)`` (FP8, or packed FP4 as
+uint8), physical scales ``(L, rows', G', 32, 4, 4)``, and return ``c (L, M, N)`` (``N // 2``
+bytes for packed FP4) and one amax per batch item ``(L,)``.
+
+* ``gemm_amax_p`` is what programs contain: abstract eval, a vmap rule, and a lowering through
+  ``custom_partitioning`` (with a Shardy rule) so that sharded operands run locally.
+* ``gemm_amax_ffi_p`` is the per-device call: it lowers to the FFI target of the platform. The
+  Python side knows nothing about which GPU runs it: the CUDA handler dispatches, and the
+  extension sizes its workspace.
+
+The public function does the normalization (2-D inputs, layouts, float4 packing, c_major, the
+final max over L).
 
 How a sharded call runs (decided in :func:`_plan`, from the operands' shardings):
 
@@ -20,68 +33,122 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
-import math
+import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental.custom_partitioning import custom_partitioning
-from jax.interpreters import mlir
-from jax.sharding import AxisType, NamedSharding
+from jax.extend.core import Primitive
+
+try:
+    from jax.core import ShapedArray
+except ImportError:  # pragma: no cover - moved in newer jax
+    from jax._src.core import ShapedArray
+from jax.interpreters import batching, mlir
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from . import formats
-from ._problem import PACKED_FP4, SCALE_GROUPS_PER_BLOCK, SCALE_ROWS_PER_BLOCK
-from .primitive import PARAMS, gemm_amax_ffi_p, gemm_amax_p
+from .. import _ffi, formats
+from .._problem import PACKED_FP4, SCALE_GROUPS_PER_BLOCK, SCALE_ROWS_PER_BLOCK, check_problem
+from ._partitioning import axes_size, dim_axes, ir_shape, manual_mesh, require_devices_during_lowering, spec_entry
+
+PARAMS = ("c_dtype", "sf_vec_size", "tile_m", "tile_n", "cluster_m", "cluster_n")
+
+gemm_amax_p = Primitive("jax_gemm_amax")
+gemm_amax_p.multiple_results = True
+gemm_amax_ffi_p = Primitive("jax_gemm_amax_ffi")
+gemm_amax_ffi_p.multiple_results = True
 
 
-def _entry(axes: tuple[str, ...]):
-    if not axes:
-        return None
-    return axes[0] if len(axes) == 1 else axes
+# --- abstract eval and impl (both primitives) ---
+
+def _abstract_eval(a, b, sfa, sfb, *, c_dtype, sf_vec_size, tile_m, tile_n, cluster_m, cluster_n):
+    if a.ndim != 3:
+        raise ValueError(f"gemm_amax_p takes (L, M, K) operands, got a of shape {a.shape}")
+    p, _, _ = check_problem(
+        a, b, sfa, sfb,
+        c_dtype=c_dtype, sf_vec_size=sf_vec_size, acc_dtype=np.float32,
+        mma_tiler_mn=(tile_m, tile_n), cluster_shape_mn=(cluster_m, cluster_n), c_major="n",
+    )
+    c_dtype = np.dtype(c_dtype)
+    n_stored = p.n // 2 if c_dtype == PACKED_FP4 else p.n
+    return (
+        ShapedArray((p.batch, p.m, n_stored), c_dtype),
+        ShapedArray((p.batch,), jnp.float32),
+    )
 
 
-def _size(mesh, axes) -> int:
-    return math.prod(mesh.shape[a] for a in axes)
+for _prim in (gemm_amax_p, gemm_amax_ffi_p):
+    _prim.def_abstract_eval(_abstract_eval)
+    _prim.def_impl(jax.jit(_prim.bind, static_argnames=PARAMS))
 
 
-def _dim_axes(mesh, ndim, sharding) -> tuple[tuple[str, ...], ...]:
-    """The mesh axes (major first) that split each dim of an operand; () for a dim kept whole or
-    split in a way no tuple of whole mesh axes describes (Shardy's sub-axes, such as half of a
-    4-way axis over a dim of 2 scale blocks). The partitioner takes raw shardings
-    (``decode_shardings=False``): JAX cannot write such a split as a PartitionSpec and would fail
-    before the rule runs, even for operands whose sharding the rule replaces anyway."""
-    if sharding is None:
-        return ((),) * ndim
-    # Which shard each device holds does not depend on the dim sizes; this probe shape is one that
-    # every tiling divides (a dim may be split unevenly, which devices_indices_map refuses).
-    index = sharding.devices_indices_map((mesh.size,) * ndim)
-    coords = {dev: dict(zip(mesh.axis_names, pos)) for pos, dev in np.ndenumerate(mesh.devices)}
-    if not set(index) <= set(coords):
-        return ((),) * ndim
-    axes_in_use = [a for a in mesh.axis_names if mesh.shape[a] > 1]
+# --- vmap ---
 
-    def shard_index(coord, axes):
-        return functools.reduce(lambda i, a: i * mesh.shape[a] + coord[a], axes, 0)
+def _batch_rule(args, dims, **params):
+    """vmap folds the mapped axis into L: one amax per (mapped item, batch item)."""
+    size = next(x.shape[d] for x, d in zip(args, dims) if d is not None)
+    folded = []
+    for x, d in zip(args, dims):
+        if d is None:  # not mapped
+            x = jnp.broadcast_to(x, (size,) + x.shape)
+        else:
+            x = jnp.moveaxis(x, d, 0)
+        folded.append(x.reshape((size * x.shape[1],) + x.shape[2:]))
+    c, amax = gemm_amax_p.bind(*folded, **params)
+    return (c.reshape((size, -1) + c.shape[1:]), amax.reshape(size, -1)), (0, 0)
 
-    result = []
-    for d in range(ndim):
-        starts = {dev: slices[d].start or 0 for dev, slices in index.items()}
-        shard = {start: i for i, start in enumerate(sorted(set(starts.values())))}
-        candidates = [
-            axes
-            for r in range(1, len(axes_in_use) + 1)
-            for axes in itertools.permutations(axes_in_use, r)
-            if len(shard) > 1 and _size(mesh, axes) == len(shard)
-        ]
-        result.append(next(
-            (axes for axes in candidates
-             if all(shard[start] == shard_index(coords[dev], axes) for dev, start in starts.items())),
-            (),
-        ))
-    return tuple(result)
 
+batching.primitive_batchers[gemm_amax_p] = _batch_rule
+
+
+# --- FFI lowerings of the per-device call (CPU, CUDA) ---
+
+def _ffi_lowering(ctx, a, b, sfa, sfb, *, target, c_dtype, sf_vec_size, tile_m, tile_n, cluster_m, cluster_n):
+    del c_dtype  # carried by the result type
+    return jax.ffi.ffi_lowering(target)(
+        ctx, a, b, sfa, sfb,
+        sf_vec_size=np.int32(sf_vec_size), tile_m=np.int32(tile_m), tile_n=np.int32(tile_n),
+        cluster_m=np.int32(cluster_m), cluster_n=np.int32(cluster_n),
+    )
+
+
+def _cuda_workspace_bytes(batch, m, n, k, operand_dtype, scale_dtype, sf_vec_size) -> int:
+    """Device workspace the CUDA handler gets, as the extension's kernels ask for it
+    (``_ffi.workspace_bytes``; a different size would only narrow the SM90 kernel's plans). The
+    BF16 copies of the operands the SM90 kernel may convert once per call (B with many rows, A with
+    many columns; 2 bytes per element) are included unless JAX_GEMM_AMAX_PRECONVERT=0 (read when a
+    program is lowered): less memory, both operands converted inside the GEMM (the GEMM and passes
+    take 9-18% less time with the copies on large problems, ncu on an H200)."""
+    offer_copies = os.environ.get("JAX_GEMM_AMAX_PRECONVERT", "1") != "0"
+    return _ffi.workspace_bytes(batch, m, n, k, operand_dtype, scale_dtype, sf_vec_size, offer_copies)
+
+
+def _cuda_lowering(ctx, a, b, sfa, sfb, **params):
+    if not _ffi.BUILT_WITH_CUDA:
+        raise NotImplementedError(
+            "jax_gemm_amax was built without its CUDA backend (no nvcc at build time); "
+            "reinstall with nvcc on PATH (JAX_GEMM_AMAX_CUDA=ON makes its absence an error)"
+        )
+    # The workspace is a third result of the custom call that the primitive does not return: XLA
+    # owns it (FFI scratch would be freed before a recorded CUDA graph replays; cuda_handler.cc).
+    a_aval = ctx.avals_in[0]
+    batch, m, row_bytes = a_aval.shape  # FP8: one byte per element; packed FP4: two elements per byte
+    n = ctx.avals_in[1].shape[1]
+    k = row_bytes * (2 if np.dtype(a_aval.dtype) == PACKED_FP4 else 1)
+    nbytes = _cuda_workspace_bytes(batch, m, n, k, a_aval.dtype, ctx.avals_in[2].dtype, params["sf_vec_size"])
+    workspace = ShapedArray((nbytes,), np.uint8)
+    ctx3 = ctx.replace(avals_out=[*ctx.avals_out, workspace])
+    c, amax, _ = _ffi_lowering(ctx3, a, b, sfa, sfb, target=_ffi.CUDA_TARGET, **params)
+    return [c, amax]
+
+
+mlir.register_lowering(gemm_amax_ffi_p, functools.partial(_ffi_lowering, target=_ffi.CPU_TARGET), platform="cpu")
+mlir.register_lowering(gemm_amax_ffi_p, _cuda_lowering, platform="cuda")
+
+
+# --- partitioning of gemm_amax_p (custom_partitioning and the Shardy rule) ---
 
 @dataclasses.dataclass(frozen=True)
 class _Plan:
@@ -92,7 +159,7 @@ class _Plan:
     scatter_dim: int | None  # with K sharded: 1 (M) or 2 (N) to psum_scatter the sum into, else psum
 
     def operand_shardings(self, mesh):
-        l, m, n, k = (_entry(x) for x in (self.l, self.m, self.n, self.k))
+        l, m, n, k = (spec_entry(x) for x in (self.l, self.m, self.n, self.k))
         return (
             NamedSharding(mesh, P(l, m, k)),
             NamedSharding(mesh, P(l, n, k)),
@@ -110,21 +177,24 @@ class _Plan:
 
     def result_shardings(self, mesh):
         m, n = self.c_axes()
-        return (NamedSharding(mesh, P(_entry(self.l), _entry(m), _entry(n))), NamedSharding(mesh, P(_entry(self.l))))
+        return (
+            NamedSharding(mesh, P(spec_entry(self.l), spec_entry(m), spec_entry(n))),
+            NamedSharding(mesh, P(spec_entry(self.l))),
+        )
 
 
 def _plan(mesh, a_shape, b_shape, k_groups, c_dtype, a_axes, b_axes, c_axes) -> _Plan:
-    """``*_axes``: per dim, the mesh axes that split it (:func:`_dim_axes`)."""
+    """``*_axes``: per dim, the mesh axes that split it (:func:`_partitioning.dim_axes`)."""
     batch, m, _ = a_shape
     n = b_shape[1]
     l_axes, m_a, k_a = a_axes
     _, n_b, k_b = b_axes
-    if batch % _size(mesh, l_axes):
+    if batch % axes_size(mesh, l_axes):
         l_axes = ()
     used = set(l_axes)
 
     def keep(axes, rows):
-        if not axes or used & set(axes) or rows % (SCALE_ROWS_PER_BLOCK * _size(mesh, axes)):
+        if not axes or used & set(axes) or rows % (SCALE_ROWS_PER_BLOCK * axes_size(mesh, axes)):
             return ()
         used.update(axes)
         return axes
@@ -136,14 +206,14 @@ def _plan(mesh, a_shape, b_shape, k_groups, c_dtype, a_axes, b_axes, c_axes) -> 
         not k_axes
         or k_axes != k_b
         or used & set(k_axes)
-        or k_groups % (SCALE_GROUPS_PER_BLOCK * _size(mesh, k_axes))
+        or k_groups % (SCALE_GROUPS_PER_BLOCK * axes_size(mesh, k_axes))
     ):
         k_axes = ()
 
     scatter_dim = None
     if k_axes:
         _, m_c, n_c = c_axes
-        k_size = _size(mesh, k_axes)
+        k_size = axes_size(mesh, k_axes)
         packed = np.dtype(c_dtype) == PACKED_FP4
         if m_c == k_axes and not m_axes and m % k_size == 0:
             scatter_dim = 1
@@ -164,7 +234,7 @@ def _local_gemm_amax(a, b, sfa, sfb, c_dtype, sf_vec_size, tile_m, tile_n, clust
 def _plan_from_shapes(c_dtype, sf_vec_size, mesh, arg_shapes, c_sharding):
     a, b = arg_shapes[0], arg_shapes[1]
     k = a.shape[2] * (2 if np.dtype(a.dtype) == PACKED_FP4 else 1)
-    a_axes, b_axes, c_axes = (_dim_axes(mesh, 3, s) for s in (a.sharding, b.sharding, c_sharding))
+    a_axes, b_axes, c_axes = (dim_axes(mesh, 3, s) for s in (a.sharding, b.sharding, c_sharding))
     return _plan(mesh, a.shape, b.shape, k // sf_vec_size, c_dtype, a_axes, b_axes, c_axes)
 
 
@@ -178,15 +248,10 @@ def _partition(c_dtype, sf_vec_size, tile_m, tile_n, cluster_m, cluster_n, mesh,
     c_m_axes, c_n_axes = plan.c_axes()
     amax_axes = c_m_axes + c_n_axes
     hints = dict(tile_m=tile_m, tile_n=tile_n, cluster_m=cluster_m, cluster_n=cluster_n)
-
-    # lower_fn runs per device: trace it under the mesh with every axis Manual, as shard_map does.
-    # Without this, jax 0.11 traces it under the caller's mesh; on an Explicit mesh the collectives'
-    # reducer bodies then carry sharding annotations and XLA rejects them (GPU: a CHECK failure in
-    # AllReduceThunk; CPU: "Unsupported reduction computation").
-    manual_mesh = mesh.abstract_mesh.update_axis_types({name: AxisType.Manual for name in mesh.axis_names})
+    per_device_mesh = manual_mesh(mesh)
 
     def lower_fn(a, b, sfa, sfb):
-        with jax.sharding.use_abstract_mesh(manual_mesh):
+        with jax.sharding.use_abstract_mesh(per_device_mesh):
             if not plan.k:
                 c, amax = _local_gemm_amax(a, b, sfa, sfb, c_dtype, sf_vec_size, **hints)
             else:
@@ -205,18 +270,14 @@ def _partition(c_dtype, sf_vec_size, tile_m, tile_n, cluster_m, cluster_n, mesh,
     return mesh, lower_fn, plan.result_shardings(mesh), plan.operand_shardings(mesh)
 
 
-def _shape(ir_type) -> tuple[int, ...]:
-    return tuple(mlir.ir.RankedTensorType(ir_type).shape)
-
-
 def _sharding_rule(c_dtype, sf_vec_size, tile_m, tile_n, cluster_m, cluster_n, mesh, operand_types, result_types):
     """Einsum-like Shardy rule. Where M (N, K) is a whole number of scale blocks, and every way of
     sharding it over the mesh leaves whole blocks, it is a compound factor whose major part is the
     scale tensor's block dim, so sharding one shards the other."""
-    a, _, sfa, sfb = (_shape(t) for t in operand_types)
-    c = _shape(result_types[0])
+    a, _, sfa, sfb = (ir_shape(t) for t in operand_types)
+    c = ir_shape(result_types[0])
     m, kb = a[1], a[2]
-    n = _shape(operand_types[1])[1]
+    n = ir_shape(operand_types[1])[1]
     sizes = {}
 
     def linked(block_count):
@@ -271,10 +332,4 @@ def _lower(a, b, sfa, sfb, **params):
 
 
 mlir.register_lowering(gemm_amax_p, mlir.lower_fun(_lower, multiple_results=True))
-
-try:  # eager calls of a partitioned primitive need the devices during lowering
-    from jax._src import dispatch as _dispatch
-
-    _dispatch.prim_requires_devices_during_lowering.add(gemm_amax_p)
-except (ImportError, AttributeError):  # pragma: no cover - internal API moved
-    pass
+require_devices_during_lowering(gemm_amax_p)

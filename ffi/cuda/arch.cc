@@ -1,0 +1,45 @@
+#include "cuda/arch.h"
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+
+#include "cuda/sm90/gemm_amax_sm90.h"
+#if defined(JGA_HAVE_SM100)
+#include "cuda/sm100/gemm_amax_sm100.h"
+#endif
+
+namespace jga {
+
+cudaError_t ComputeCapability(int device, int* cc) {
+  static std::array<std::atomic<int>, kMaxDevices> cache{};
+  if (device >= 0 && device < kMaxDevices && cache[device].load(std::memory_order_relaxed) > 0) {
+    *cc = cache[device].load(std::memory_order_relaxed);
+    return cudaSuccess;
+  }
+  int major = 0, minor = 0;
+  cudaError_t err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  if (err != cudaSuccess) return err;
+  *cc = major * 10 + minor;
+  if (device >= 0 && device < kMaxDevices) cache[device].store(*cc, std::memory_order_relaxed);
+  return cudaSuccess;
+}
+
+size_t CudaWorkspaceBytes(const GemmAmaxProblem& p, bool offer_copies) {
+  const size_t sm90 = sm90::WorkspaceBytes(p, offer_copies);
+#if defined(JGA_HAVE_SM100)
+  const size_t sm100 = sm100::WorkspaceBytes(p);
+#else
+  const size_t sm100 = 0;
+#endif
+  int device = 0, cc = 0;  // cc stays 0 where there is no usable device
+  if (cudaGetDevice(&device) == cudaSuccess) ComputeCapability(device, &cc);
+  if (cc == 90) return sm90;
+#if defined(JGA_HAVE_SM100)
+  if (cc == 100) return sm100;
+#endif
+  return std::max(sm90, sm100);  // lowered without a GPU, or for one that has no kernels: enough for any
+}
+
+}  // namespace jga

@@ -1,5 +1,5 @@
 // The few-row kernel: gemm_amax for problems with few rows of A (decode: M tokens against a large
-// weight B), for every CUDA architecture the library builds (mma.sync, sm_80+ PTX). Such problems
+// weight B), for every CUDA architecture the library builds (mma.sync, FP8 conversions: sm_89+ PTX). Such problems
 // are bound by the bytes of B over the memory bandwidth; the kernel streams B once through shared
 // memory, converts it in registers and splits K over the SMs so that all of them pull bandwidth
 // even at M = 1. Same C and amax contract as the other kernels (cuda/common/device.cuh).

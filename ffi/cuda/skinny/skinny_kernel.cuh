@@ -250,39 +250,58 @@ __device__ __forceinline__ void StoreC(int c_type, void* c, size_t idx, float v0
 // ---------------------------------------------------------------------------------------------
 // One stage's copies into ring slot `slot`: B's 128 rows (8 chunks each, chunk c of row r at
 // c ^ (r & 7)), the tokens' A rows (the same swizzle), the scale blocks of B's tile and of A.
+// Thread i copies chunk i % 8 of rows i / 8 + 32 j, so its sources move by 128 bytes a stage; they
+// are set up once per unit (UnitCopies).
+struct UnitCopies {
+  const uint8_t* b;   // chunk tid % 8 of B row n0 + tid / 8 at stage 0
+  const uint8_t* a;   // chunk tid % 8 of A row tid / 8 at stage 0
+  const uint8_t* sf;  // this thread's 16 bytes of the scale blocks at stage 0 (B's: threads 0-127, A's: 128-255)
+  uint32_t b_rows;    // bit j: B row n0 + tid / 8 + 32 j exists
+};
+
 template <int V, int MT>
-__device__ __forceinline__ void IssueStage(const Params& p, uint32_t base, int slot, int stage, int l, int n0,
+__device__ __forceinline__ UnitCopies SetUpCopies(const Params& p, int l, int n0) {
+  constexpr int kBlocks = Traits<V>::kBlocksPerStage;
+  const int tid = threadIdx.x, r = tid >> 3, c = tid & 7;
+  UnitCopies u;
+  u.b = p.b + (static_cast<size_t>(l) * p.n + n0 + r) * p.row_bytes + c * 16;
+  u.a = p.a + (static_cast<size_t>(l) * p.m + r) * p.row_bytes + c * 16;
+  u.b_rows = 0;
+#pragma unroll
+  for (int j = 0; j < kTileN / 32; ++j) u.b_rows |= (n0 + r + 32 * j < p.n ? 1u : 0u) << j;
+  const int which = tid >> 7, ch = tid & 127;
+  u.sf = nullptr;
+  if (ch < 32 * kBlocks) {
+    const uint8_t* sf = which == 0 ? p.sfb + l * p.sfb_batch_stride + static_cast<size_t>(n0 / kTileN) * p.k_blocks * 512
+                                   : p.sfa + l * p.sfa_batch_stride;
+    u.sf = sf + (ch >> 5) * 512 + (ch & 31) * 16;
+  }
+  return u;
+}
+
+template <int V, int MT>
+__device__ __forceinline__ void IssueStage(const Params& p, const UnitCopies& u, uint32_t base, int slot, int stage,
                                            uint64_t policy) {
   using S = Smem<V, MT>;
   constexpr int kBlocks = Traits<V>::kBlocksPerStage;
-  const int tid = threadIdx.x;
-  const int kbyte0 = stage * kStageBytes;
-  const uint8_t* b_rows = p.b + static_cast<size_t>(l) * p.n * p.row_bytes;
+  const int tid = threadIdx.x, r = tid >> 3, c = tid & 7;
+  const size_t koff = static_cast<size_t>(stage) * kStageBytes, rows32 = static_cast<size_t>(p.row_bytes) * 32;
+  const bool k_ok = static_cast<int>(koff) + c * 16 < p.row_bytes;
+  const uint32_t dst_b = base + slot * S::kBSlot + r * 128 + ((c ^ (r & 7)) << 4);
 #pragma unroll
-  for (int j = 0; j < kTileN * 8 / kThreads; ++j) {
-    const int q = tid + j * kThreads, r = q >> 3, c = q & 7;
-    const int kbyte = kbyte0 + c * 16;
-    const bool ok = n0 + r < p.n && kbyte < p.row_bytes;
-    const uint8_t* src = ok ? b_rows + static_cast<size_t>(n0 + r) * p.row_bytes + kbyte : p.b;
-    CpAsync16(base + slot * S::kBSlot + r * 128 + ((c ^ (r & 7)) << 4), src, ok ? 16u : 0u, policy);
+  for (int j = 0; j < kTileN / 32; ++j) {
+    const bool ok = k_ok && ((u.b_rows >> j) & 1u);
+    CpAsync16(dst_b + j * 32 * 128, ok ? u.b + koff + j * rows32 : p.b, ok ? 16u : 0u, policy);
   }
-  const uint8_t* a_rows = p.a + static_cast<size_t>(l) * p.m * p.row_bytes;
-  for (int q = tid; q < p.m * 8; q += kThreads) {
-    const int r = q >> 3, c = q & 7;
-    const int kbyte = kbyte0 + c * 16;
-    const bool ok = kbyte < p.row_bytes;
-    const uint8_t* src = ok ? a_rows + static_cast<size_t>(r) * p.row_bytes + kbyte : p.a;
-    CpAsync16(base + S::kOffA + slot * S::kASlot + r * 128 + ((c ^ (r & 7)) << 4), src, ok ? 16u : 0u);
-  }
-  // Scale blocks: B's tile (row block n0 / 128), A's first row block (M <= 64).
-  const int which = tid >> 7, ch = tid & 127;  // threads 0-127: B, 128-255: A
-  if (ch < 32 * kBlocks) {
-    const int kb = stage * kBlocks + (ch >> 5);
-    const bool ok = kb < p.k_blocks;
-    const uint8_t* sf = which == 0 ? p.sfb + l * p.sfb_batch_stride + static_cast<size_t>(n0 / kTileN) * p.k_blocks * 512
-                                   : p.sfa + l * p.sfa_batch_stride;
-    const uint8_t* src = ok ? sf + static_cast<size_t>(kb) * 512 + (ch & 31) * 16 : sf;
-    CpAsync16(base + (which == 0 ? S::kOffSfb : S::kOffSfa) + slot * S::kSfSlot + ch * 16, src, ok ? 16u : 0u);
+  const uint32_t dst_a = base + S::kOffA + slot * S::kASlot + r * 128 + ((c ^ (r & 7)) << 4);
+#pragma unroll
+  for (int j = 0; j < (S::kTokens * 8 + kThreads - 1) / kThreads; ++j)
+    if (r + 32 * j < p.m) CpAsync16(dst_a + j * 32 * 128, k_ok ? u.a + koff + j * rows32 : p.a, k_ok ? 16u : 0u);
+  if (u.sf != nullptr) {  // scale blocks: B's tile (row block n0 / 128), A's first row block (M <= 64)
+    const int ch = tid & 127;
+    const bool ok = stage * kBlocks + (ch >> 5) < p.k_blocks;
+    CpAsync16(base + ((tid >> 7) == 0 ? S::kOffSfb : S::kOffSfa) + slot * S::kSfSlot + ch * 16,
+              ok ? u.sf + static_cast<size_t>(stage) * kBlocks * 512 : p.sfb, ok ? 16u : 0u);
   }
 }
 
@@ -505,9 +524,10 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<MT>) SkinnyKernel(cons
     for (int jt = 0; jt < MT; ++jt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[jt][e] = 0.0f;
+    const UnitCopies copies = SetUpCopies<V, MT>(p, l, n0);
 #pragma unroll
     for (int i = 0; i < kStages - 1; ++i) {
-      if (i < count) IssueStage<V, MT>(p, base, i, first + i, l, n0, policy);
+      if (i < count) IssueStage<V, MT>(p, copies, base, i, first + i, policy);
       CpAsyncCommit();
     }
 #pragma unroll 1
@@ -515,7 +535,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<MT>) SkinnyKernel(cons
       CpAsyncWait<kStages - 2>();
       __syncthreads();  // stage `it` has landed everywhere; every warp is done with stage it - 1's slot
       const int next = it + kStages - 1;
-      if (next < count) IssueStage<V, MT>(p, base, next % kStages, first + next, l, n0, policy);
+      if (next < count) IssueStage<V, MT>(p, copies, base, next % kStages, first + next, policy);
       CpAsyncCommit();
       ConvertA<V, MT>(p, base, it % kStages);
       __syncthreads();

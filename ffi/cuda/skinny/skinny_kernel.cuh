@@ -356,7 +356,7 @@ __device__ __forceinline__ void AddGroup(float (&acc)[MT][4], const float (&blk)
     fa[jt] = make_float2(__uint_as_float(v.x), __uint_as_float(v.y));
   }
   if (Moderate(eb0) && Moderate(eb1)) {
-    const float fb0 = E8M0Float(eb0) * kBs, fb1 = E8M0Float(eb1) * kBs;
+    const float fb0 = __uint_as_float(eb0 << 23) * kBs, fb1 = __uint_as_float(eb1 << 23) * kBs;  // normal: Moderate
 #pragma unroll
     for (int jt = 0; jt < MT; ++jt) {
       acc[jt][0] = fmaf(blk[jt][0] * fb0, fa[jt].x, acc[jt][0]);

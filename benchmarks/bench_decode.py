@@ -33,7 +33,7 @@ import jax.numpy as jnp
 sys.path.insert(0, os.path.dirname(__file__))
 import jax_gemm_amax as jga  # noqa: E402
 from jax_gemm_amax import _ffi  # noqa: E402
-from jax_gemm_amax.primitive import _cuda_workspace_bytes  # noqa: E402
+from jax_gemm_amax.primitives.gemm_amax import _cuda_workspace_bytes  # noqa: E402
 from bench_gemm import dequant_bf16, gpu_busy_per_call, timed_rounds  # noqa: E402
 
 def repeats_for(weight_bytes, span):

@@ -102,8 +102,8 @@ ffi::Error GemmAmaxCudaImpl(cudaStream_t stream, CallSiteState* state, ffi::AnyB
   err = ComputeCapability(device, &cc);
   if (err != cudaSuccess) return CudaError(err, "querying the compute capability");
 
-  // Few rows of A on a GPU whose GEMM the few-row kernel beats (it is built for every arch of the
-  // build): memory-bound, B streamed once (skinny.h).
+  // Few rows of A (skinny::Accepts): the memory-bound few-row kernel, built for every arch of the
+  // build, which streams B once (skinny.h).
   if ((cc == 90 || (kHaveSm100 && cc == 100)) && skinny::Accepts(problem)) {
     unsigned int* reset_word = device < kMaxDevices ? state->reset_word[device] : nullptr;
     if (reset_word == nullptr) return ffi::Error::Internal("gemm_amax: no reset word for device " + std::to_string(device) +

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -71,7 +72,13 @@ def quantize_pair(x, fmt: str = "mxfp8_e4m3", *, packed: bool = True, return_ama
 def _quantize(x, f, mode, packed, return_amax, flat=False):
     lead, (rows, k) = x.shape[:-2], x.shape[-2:]
     # math.prod, not reshape's -1, which cannot be inferred when rows or K is 0.
-    *outs, amax = quantize_p.bind(x.reshape((math.prod(lead), rows, k)), fmt=f.name, mode=mode)
+    x3 = x.reshape((math.prod(lead), rows, k))
+    if _explicitly_sharded(x3):
+        # Sharding in types: jnp keeps the codes sharded as x is (the primitive's results would
+        # come out replicated).
+        *outs, amax = quantize_jnp(x3, f.name, mode)
+    else:
+        *outs, amax = quantize_p.bind(x3, fmt=f.name, mode=mode)
     if not packed and is_fp4(f.value_dtype):
         outs = [formats.float4_from_packed(o) if i % 2 == 0 else o for i, o in enumerate(outs)]
     if not lead:
@@ -80,6 +87,16 @@ def _quantize(x, f, mode, packed, return_amax, flat=False):
     if flat:
         return outs, amax
     return (*outs, amax) if return_amax else tuple(outs)
+
+
+def _explicitly_sharded(x) -> bool:
+    sharding = getattr(jax.typeof(x), "sharding", None) if hasattr(jax, "typeof") else None
+    mesh = getattr(sharding, "mesh", None)
+    if mesh is None or getattr(mesh, "empty", True):
+        return False
+    return any(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types) and any(
+        e is not None for e in sharding.spec
+    )
 
 
 def _quantize_rows(x3, f):

@@ -30,7 +30,7 @@ except ImportError:  # pragma: no cover - moved in newer jax
     from jax._src.core import ShapedArray
 
 from .. import _ffi, formats
-from .._problem import PACKED_FP4, SCALE_ROWS_PER_BLOCK, is_fp4, scale_shape
+from .._problem import PACKED_FP4, SCALE_GROUPS_PER_BLOCK, SCALE_ROWS_PER_BLOCK, is_fp4, scale_shape
 from ._partitioning import axes_size, dim_axes, ir_shape, manual_mesh, require_devices_during_lowering, spec_entry
 
 ROWS, COLS, PAIR = 1, 2, 3
@@ -108,37 +108,39 @@ batching.primitive_batchers[quantize_p] = _batch_rule
 
 
 # ---------------------------------------------------------------------------------------------
-# Sharding: L always stays sharded (where the shards divide it); the dim that becomes the rows of
-# an output (R for rows, K for columns) stays sharded where every shard holds whole 128-row scale
-# blocks; the quantized axis is gathered. The pair quantizes along both, so only L stays sharded.
+# Sharding: L stays sharded where the shards divide it. R and K stay sharded where every shard
+# holds whole scale blocks of each role the dim plays: 128 rows where it becomes an output's rows,
+# 4 groups (4 * sf_vec_size elements) where it is quantized along; so the pair, where both dims
+# play both roles, needs 128. Elsewhere the dim is gathered (XLA reshards x).
 
 
-def _plan(mesh, shape, x_axes, mode):
+def _block(fmt, mode, dim):
+    """Elements per shard-able block of x's dim 1 (R) or 2 (K)."""
+    rows_role = mode & (ROWS if dim == 1 else COLS)
+    return SCALE_ROWS_PER_BLOCK if rows_role else SCALE_GROUPS_PER_BLOCK * formats.get_format(fmt).sf_vec_size
+
+
+def _plan(mesh, shape, x_axes, fmt, mode):
     """Per dim of x, the mesh axes it stays sharded over."""
-    batch, rows, k = shape
-    l_axes, r_axes, k_axes = x_axes
-    if batch % axes_size(mesh, l_axes):
-        l_axes = ()
-
-    def keep(axes, count):
-        if not axes or set(axes) & set(l_axes) or count % (SCALE_ROWS_PER_BLOCK * axes_size(mesh, axes)):
-            return ()
-        return axes
-
-    return (
-        l_axes,
-        keep(r_axes, rows) if mode == ROWS else (),
-        keep(k_axes, k) if mode == COLS else (),
-    )
+    l_axes = x_axes[0] if shape[0] % axes_size(mesh, x_axes[0]) == 0 else ()
+    used = set(l_axes)
+    plan = [l_axes]
+    for dim in (1, 2):
+        axes = x_axes[dim]
+        if not axes or used & set(axes) or shape[dim] % (_block(fmt, mode, dim) * axes_size(mesh, axes)):
+            axes = ()
+        used.update(axes)
+        plan.append(axes)
+    return tuple(plan)
 
 
 def _result_shardings(mesh, plan, mode):
     l, r, k = (spec_entry(a) for a in plan)
     out = []
     if mode & ROWS:
-        out += [NamedSharding(mesh, P(l, r, None)), NamedSharding(mesh, P(l, r, None, None, None, None))]
+        out += [NamedSharding(mesh, P(l, r, k)), NamedSharding(mesh, P(l, r, k, None, None, None))]
     if mode & COLS:
-        out += [NamedSharding(mesh, P(l, k, None)), NamedSharding(mesh, P(l, k, None, None, None, None))]
+        out += [NamedSharding(mesh, P(l, k, r)), NamedSharding(mesh, P(l, k, r, None, None, None))]
     return tuple(out) + (NamedSharding(mesh, P(l)),)
 
 
@@ -146,13 +148,13 @@ def _local_quantize(x, fmt, mode):
     return tuple(quantize_ffi_p.bind(x, fmt=fmt, mode=mode))
 
 
-def _plan_from_shapes(mode, mesh, arg_shapes):
+def _plan_from_shapes(fmt, mode, mesh, arg_shapes):
     x = arg_shapes[0]
-    return _plan(mesh, x.shape, dim_axes(mesh, 3, x.sharding), mode)
+    return _plan(mesh, x.shape, dim_axes(mesh, 3, x.sharding), fmt, mode)
 
 
 def _infer_sharding_from_operands(fmt, mode, mesh, arg_shapes, result_shape):
-    return _result_shardings(mesh, _plan_from_shapes(mode, mesh, arg_shapes), mode)
+    return _result_shardings(mesh, _plan_from_shapes(fmt, mode, mesh, arg_shapes), mode)
 
 
 def pmax_nan(amax, axes):
@@ -162,13 +164,13 @@ def pmax_nan(amax, axes):
 
 
 def _partition(fmt, mode, mesh, arg_shapes, result_shape):
-    plan = _plan_from_shapes(mode, mesh, arg_shapes)
-    split_rows = plan[1] + plan[2]  # the axes that split an output's rows share one item's amax
+    plan = _plan_from_shapes(fmt, mode, mesh, arg_shapes)
+    within_item = plan[1] + plan[2]  # the axes that split one item share its amax
     def lower_fn(x):
         with jax.sharding.use_abstract_mesh(manual_mesh(mesh)):
             *outs, amax = _local_quantize(x, fmt, mode)
-            if split_rows:
-                amax = pmax_nan(amax, split_rows)
+            if within_item:
+                amax = pmax_nan(amax, within_item)
             return (*outs, amax)
 
     x_sharding = NamedSharding(mesh, P(*(spec_entry(a) for a in plan)))
@@ -176,28 +178,46 @@ def _partition(fmt, mode, mesh, arg_shapes, result_shape):
 
 
 def _sharding_rule(fmt, mode, mesh, operand_types, result_types):
-    """Einsum-like Shardy rule: L is shared by every operand and result; the dim that becomes an
-    output's rows is a compound factor (scale blocks, rows in a block) where every way of sharding
-    it over the mesh leaves whole 128-row blocks, so that sharding it shards the scales with it."""
-    _, rows, k = ir_shape(operand_types[0])
+    """Einsum-like Shardy rule. L is shared by x and every result. R (K) is a compound factor
+    (blocks, elements in a block) where every way of sharding it over the mesh leaves whole
+    blocks (``_block``); its block factor is then the major part of each result dim it becomes
+    (rows, codes, scale blocks), so sharding one shards the others. Other dims get factors of
+    their own in every result."""
+    f = formats.get_format(fmt)
+    shape = ir_shape(operand_types[0])
     sizes = {}
+    fresh = iter(f"u{i}" for i in range(64))
 
-    def linked(count):
-        blocks = count // SCALE_ROWS_PER_BLOCK
-        return count % SCALE_ROWS_PER_BLOCK == 0 and blocks > 1 and blocks % mesh.size == 0
+    def factors(dim):
+        """x's factor and, per role, the result factor of dim 1 (r) or 2 (k)."""
+        name, n, block = "rk"[dim - 1], shape[dim], _block(fmt, mode, dim)
+        blocks = n // block
+        if n % block or blocks < 2 or blocks % mesh.size:  # Shardy would split a mesh axis (or takes no size 1)
+            # The codes of the same length still follow x (the partitioner then decides).
+            codes = next(fresh) if is_fp4(f.value_dtype) else name
+            return name, {"rows": name, "scale_rows": next(fresh), "codes": codes, "groups": next(fresh)}
 
-    if mode == ROWS and linked(rows):
-        sizes["rr"] = SCALE_ROWS_PER_BLOCK
-        x, outs = "l (rb rr) k", "l (rb rr) qk, l rb sg si sj sq"
-    elif mode == COLS and linked(k):
-        sizes["kr"] = SCALE_ROWS_PER_BLOCK
-        x, outs = "l r (kb kr)", "l (kb kr) qr, l kb sg si sj sq"
-    else:  # whatever the sharding of x, its outputs are computed whole but for L
-        x = "l r k"
-        outs = ", ".join(
-            f"l a{i} b{i}" if i % 2 == 0 else f"l c{i} d{i} e{i} f{i} g{i}" for i in range(len(result_types) - 1)
-        )
-    return f"{x} -> {outs}, l", sizes
+        def part(suffix, size):
+            if size == 1:
+                return f"{name}b"
+            sizes[f"{name}{suffix}"] = size
+            return f"({name}b {name}{suffix})"
+
+        return part("e", block), {
+            "rows": part("e", block),
+            "scale_rows": part("s", block // SCALE_ROWS_PER_BLOCK) if block >= SCALE_ROWS_PER_BLOCK else next(fresh),
+            "codes": part("c", block // 2 if is_fp4(f.value_dtype) else block),
+            "groups": part("g", block // (SCALE_GROUPS_PER_BLOCK * f.sf_vec_size)),
+        }
+
+    (x_r, r), (x_k, k) = factors(1), factors(2)
+    outs = []
+    for rows, along in ((r, k),) * bool(mode & ROWS) + ((k, r),) * bool(mode & COLS):
+        outs.append(f"l {rows['rows']} {along['codes']}")
+        outs.append(f"l {rows['scale_rows']} {along['groups']} {next(fresh)} {next(fresh)} {next(fresh)}")
+    rule = f"l {x_r} {x_k} -> {', '.join(outs)}, l"
+    used = set(rule.replace("(", " ").replace(")", " ").replace(",", " ").split())
+    return rule, {name: size for name, size in sizes.items() if name in used}
 
 
 _partitioned = custom_partitioning(_local_quantize, static_argnums=(1, 2))

@@ -72,7 +72,8 @@ ffi::Error DescribeQuantize(const ffi::AnyBuffer& x, const ffi::RemainingRets& r
   const bool rows = mode & kQuantizeRows, cols = mode & kQuantizeCols;
   if (rows && p->k % sfv) return Invalid("K must be a multiple of " + std::to_string(sfv) + " to quantize rows");
   if (cols && p->rows % sfv) return Invalid("R must be a multiple of " + std::to_string(sfv) + " to quantize columns");
-  // Kernels move 16 elements per thread along K: every format's K (a multiple of 16) allows it.
+  // Rowwise kernels move 16 elements per thread along K (a multiple of 16 in every format);
+  // columnwise ones take any K.
   const size_t want = (rows ? 2 : 0) + (cols ? 2 : 0) + 1;
   if (results.size() != want) return Invalid("expected " + std::to_string(want) + " results");
   const DT sf = p->format == QuantizeFormat::kNvfp4 ? DT::F8E4M3FN : DT::F8E8M0FNU;

@@ -8,8 +8,8 @@
 
 namespace jga::quantize {
 
-// Loads every quantize kernel on the current device (cudaFuncGetAttributes), so that no launch
-// loads a module while a CUDA graph is being captured.
+// Loads every quantize kernel on the current device and reads its occupancy (which sizes its
+// grid), so that no launch loads a module or queries the device while a CUDA graph is captured.
 cudaError_t Prepare();
 
 // Enqueues one call on `stream`: zeroes amax, then one kernel. No allocation, no host sync.

@@ -1,18 +1,41 @@
+#include <atomic>
+
 #include "cuda/quantize/quantize_cuda.h"
 #include "cuda/quantize/quantize_kernels.cuh"
 
 namespace jga::quantize {
 namespace {
 
+// Resident blocks of `kernel` per multiprocessor, queried once per kernel: the grid is one full
+// wave of them (grid-stride beyond it), so that no block waits for a second wave.
+template <typename Kernel>
+cudaError_t BlocksPerSm(Kernel kernel, int threads, std::atomic<int>* cache, int* blocks) {
+  *blocks = cache->load(std::memory_order_relaxed);
+  if (*blocks > 0) return cudaSuccess;
+  const cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, threads, 0);
+  if (err != cudaSuccess) return err;
+  if (*blocks < 1) *blocks = 1;
+  cache->store(*blocks, std::memory_order_relaxed);
+  return cudaSuccess;
+}
+
+int Grid(int64_t work_blocks, int sm_count, int per_sm) {
+  const int64_t wave = int64_t(sm_count) * per_sm;
+  return static_cast<int>(work_blocks < wave ? work_blocks : wave);
+}
+
 template <QuantizeFormat F, QuantizeInput I>
 struct Kernels {
   using T = typename InputTraits<I>::T;
 
+  // Resident blocks per SM of each kernel, filled by Prepare (outside any graph capture).
+  static inline std::atomic<int> row_per_sm{0}, col_per_sm{0}, pair_per_sm{0};
+
   static cudaError_t Prepare() {
-    cudaFuncAttributes attr;
-    cudaError_t err = cudaFuncGetAttributes(&attr, RowKernel<F, I>);
-    if (err == cudaSuccess) err = cudaFuncGetAttributes(&attr, TileKernel<F, I, false>);
-    if (err == cudaSuccess) err = cudaFuncGetAttributes(&attr, TileKernel<F, I, true>);
+    int per_sm = 0;
+    cudaError_t err = BlocksPerSm(RowKernel<F, I>, kRowThreads, &row_per_sm, &per_sm);
+    if (err == cudaSuccess) err = BlocksPerSm(TileKernel<F, I, false>, kTileThreads, &col_per_sm, &per_sm);
+    if (err == cudaSuccess) err = BlocksPerSm(TileKernel<F, I, true>, kTileThreads, &pair_per_sm, &per_sm);
     return err;
   }
 
@@ -20,22 +43,27 @@ struct Kernels {
     const T* x = static_cast<const T*>(b.x);
     unsigned* amax = reinterpret_cast<unsigned*>(b.amax);
     auto u8 = [](void* ptr) { return static_cast<uint8_t*>(ptr); };
+    int per_sm = 0;
+    cudaError_t err = cudaSuccess;
     if (p.mode == kQuantizeRows) {
-      const int64_t chunks = p.batch * p.rows * (p.k / 16);
-      const int64_t blocks = CeilDiv(chunks, kRowThreads);
-      // A full machine of 2048 resident threads per SM, grid-stride beyond it.
-      const int grid = static_cast<int>(blocks < int64_t(sm_count) * 8 ? blocks : int64_t(sm_count) * 8);
+      err = BlocksPerSm(RowKernel<F, I>, kRowThreads, &row_per_sm, &per_sm);
+      if (err != cudaSuccess) return err;
+      const int grid = Grid(CeilDiv(p.batch * p.rows * (p.k / 16), kRowThreads), sm_count, per_sm);
       RowKernel<F, I><<<grid, kRowThreads, 0, stream>>>(p, x, u8(b.q_row), u8(b.s_row), amax);
     } else {
       constexpr int kTileT = FormatTraits<F>::kFp4 ? 64 : 32;
       const int64_t tiles = p.batch * CeilDiv(p.rows, kTileT) * CeilDiv(p.k, kTileD);
       if (tiles >= (int64_t(1) << 31)) return cudaErrorInvalidValue;  // 32-bit tile indices
-      const int grid = static_cast<int>(tiles < int64_t(sm_count) * 16 ? tiles : int64_t(sm_count) * 16);
       if (p.mode == kQuantizeCols) {
-        TileKernel<F, I, false><<<grid, kTileThreads, 0, stream>>>(p, x, nullptr, nullptr, u8(b.q_col), u8(b.s_col), amax);
+        err = BlocksPerSm(TileKernel<F, I, false>, kTileThreads, &col_per_sm, &per_sm);
+        if (err != cudaSuccess) return err;
+        TileKernel<F, I, false><<<Grid(tiles, sm_count, per_sm), kTileThreads, 0, stream>>>(
+            p, x, nullptr, nullptr, u8(b.q_col), u8(b.s_col), amax);
       } else {
-        TileKernel<F, I, true><<<grid, kTileThreads, 0, stream>>>(p, x, u8(b.q_row), u8(b.s_row), u8(b.q_col),
-                                                                  u8(b.s_col), amax);
+        err = BlocksPerSm(TileKernel<F, I, true>, kTileThreads, &pair_per_sm, &per_sm);
+        if (err != cudaSuccess) return err;
+        TileKernel<F, I, true><<<Grid(tiles, sm_count, per_sm), kTileThreads, 0, stream>>>(
+            p, x, u8(b.q_row), u8(b.s_row), u8(b.q_col), u8(b.s_col), amax);
       }
     }
     return cudaGetLastError();

@@ -9,11 +9,13 @@ amax per batch item ``(L,)`` (max |x|, NaN where the item holds a NaN).
   L), and a lowering through ``custom_partitioning``, so that sharded inputs run locally.
 * ``quantize_ffi_p`` is the per-device call: on CPU the jnp implementation (``quantize.py``, which
   defines the arithmetic); on CUDA the kernels (``jax_gemm_amax_quantize_cuda``) for float32,
-  float16 and bfloat16 inputs, bit-identical to it; other dtypes and empty inputs take the jnp path.
+  float16 and bfloat16 inputs on Hopper and Blackwell, bit-identical to it; other dtypes, other
+  GPUs and empty inputs take the jnp path.
 """
 
 from __future__ import annotations
 
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -82,9 +84,21 @@ def _jnp(x, *, fmt, mode):
 _jnp_lowering = mlir.lower_fun(_jnp, multiple_results=True)
 
 
+@functools.lru_cache(maxsize=None)
+def _kernels_run_here() -> bool:
+    """Whether this process's GPUs are ones the kernels are built for (Hopper 9.0, Blackwell 10.0);
+    other GPUs keep the jnp path. Lowering for a GPU this process does not have assumes one."""
+    try:
+        devices = jax.devices("cuda")
+    except RuntimeError:
+        return True
+    return all(str(getattr(d, "compute_capability", "")) in ("9.0", "10.0") for d in devices)
+
+
 def _cuda_lowering(ctx, x, *, fmt, mode):
     aval = ctx.avals_in[0]
-    if np.dtype(aval.dtype) not in KERNEL_INPUTS or 0 in aval.shape or not _ffi.BUILT_WITH_CUDA:
+    kernel = _ffi.BUILT_WITH_CUDA and _kernels_run_here()
+    if np.dtype(aval.dtype) not in KERNEL_INPUTS or 0 in aval.shape or not kernel:
         return _jnp_lowering(ctx, x, fmt=fmt, mode=mode)
     return jax.ffi.ffi_lowering(_ffi.QUANTIZE_CUDA_TARGET)(
         ctx, x, format=np.int32(FORMAT_CODES[fmt]), mode=np.int32(mode)

@@ -45,8 +45,8 @@ def quantize(x, fmt: str = "mxfp8_e4m3", *, axis: int = -1, packed: bool = True,
       NaN, and :func:`gemm_amax` returns NaN in C wherever the block contributes, and a NaN amax.
       Its codes are its values quantized at scale 1. Other blocks are unaffected.
 
-    On NVIDIA GPUs float32, float16 and bfloat16 inputs run as CUDA kernels, bit-identical to the
-    jnp implementation that runs elsewhere. Zero rows or ``K = 0`` give empty ``q`` and ``scales``
+    On Hopper and Blackwell GPUs float32, float16 and bfloat16 inputs run as CUDA kernels,
+    bit-identical to the jnp implementation that runs elsewhere. Zero rows or ``K = 0`` give empty ``q`` and ``scales``
     of the shapes above (:func:`gemm_amax` rejects empty operands) and an amax of 0.
     """
     f = formats.get_format(fmt)

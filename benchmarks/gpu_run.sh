@@ -3,8 +3,9 @@
 # then the named stages: `tests` (the whole suite on the GPU backend, as JGA_TEST_SHARDS=3 pytest processes at once), `bench` (the
 # side-by-side benchmark, --record), `memcheck` (compute-sanitizer on small cases), `train` (the
 # Flax example's step times), and, when named, `layer` (benchmarks/bench_layer.py: MLP layers with the
-# activation's quantization, f32 and bf16 activations, --record) and `decode` (benchmarks/bench_decode.py:
-# few-row GEMMs against pre-quantized weights). Logs and the updated RESULTS.md
+# activation's quantization, f32 and bf16 activations, --record), `decode` (benchmarks/bench_decode.py:
+# few-row GEMMs against pre-quantized weights) and `quantize` (benchmarks/bench_quantize.py:
+# the quantize kernels against XLA's jnp fusion, --record printed to its log). Logs and the updated RESULTS.md
 # land in $OUT. Each stage has its own time limit; the default four take more than 10 minutes in all,
 # so where one command may run 10 minutes at most, run them as two:
 #   benchmarks/gpu_run.sh tests
@@ -86,8 +87,14 @@ if run_stage decode; then
   stamp "decode"
 fi
 
+if run_stage quantize; then
+  env -u XLA_PYTHON_CLIENT_PREALLOCATE timeout 280 python3 "$REPO/benchmarks/bench_quantize.py" --record > "$OUT/quantize.log" 2>&1
+  echo "quantize rc=$?"; tail -25 "$OUT/quantize.log"
+  stamp "quantize"
+fi
+
 if run_stage memcheck; then
-  timeout 90 compute-sanitizer --tool memcheck python3 "$REPO/tests/sanitizer_cases.py" > "$OUT/memcheck.log" 2>&1
+  timeout 150 compute-sanitizer --tool memcheck python3 "$REPO/tests/sanitizer_cases.py" > "$OUT/memcheck.log" 2>&1
   echo "memcheck rc=$?"; grep -E "ok on|ERROR SUMMARY" "$OUT/memcheck.log"
   stamp "memcheck"
 fi

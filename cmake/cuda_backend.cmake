@@ -1,5 +1,6 @@
-# The CUDA backend: the FFI handler plus one static library of kernels per architecture, each
-# compiled only for its own arch (sm_90a kernels use wgmma, sm_100a ones tcgen05).
+# The CUDA backend: the FFI handlers plus one static library of GEMM kernels per architecture, each
+# compiled only for its own arch (sm_90a kernels use wgmma, sm_100a ones tcgen05), and the
+# arch-neutral quantize kernels, compiled for every arch in JAX_GEMM_AMAX_CUDA_ARCHS.
 enable_language(CUDA)
 find_package(CUDAToolkit REQUIRED)
 set(CMAKE_CUDA_STANDARD 17)
@@ -7,8 +8,17 @@ set(CMAKE_CUDA_STANDARD_REQUIRED ON)
 
 set(JGA_CUDA_FLAGS --expt-relaxed-constexpr -lineinfo)
 
-add_library(jga_cuda STATIC ffi/cuda/cuda_handler.cc ffi/cuda/arch.cc)
+add_library(jga_cuda STATIC ffi/cuda/cuda_handler.cc ffi/cuda/arch.cc ffi/cuda/quantize/quantize_handler.cc)
 target_link_libraries(jga_cuda PUBLIC jga_core CUDA::cudart_static)
+
+# Bit-identical to quantize.py: IEEE arithmetic, subnormals kept (no fast math, no FTZ).
+file(GLOB JGA_QUANTIZE_SOURCES CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/ffi/cuda/quantize/*.cu)
+add_library(jga_cuda_quantize STATIC ${JGA_QUANTIZE_SOURCES})
+set_target_properties(jga_cuda_quantize PROPERTIES CUDA_ARCHITECTURES "${JAX_GEMM_AMAX_CUDA_ARCHS}")
+target_compile_options(jga_cuda_quantize PRIVATE
+                       $<$<COMPILE_LANGUAGE:CUDA>:${JGA_CUDA_FLAGS} -ftz=false -prec-div=true -prec-sqrt=true>)
+target_link_libraries(jga_cuda_quantize PUBLIC jga_core CUDA::cudart_static)
+target_link_libraries(jga_cuda PUBLIC jga_cuda_quantize)
 
 if("90a" IN_LIST JAX_GEMM_AMAX_CUDA_ARCHS)
   file(GLOB JGA_SM90_SOURCES CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/ffi/cuda/sm90/*.cu)

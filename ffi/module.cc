@@ -20,6 +20,8 @@ extern "C" XLA_FFI_Error* JgaGemmAmaxCpu(XLA_FFI_CallFrame* call_frame);
 #if JGA_WITH_CUDA
 extern "C" XLA_FFI_Error* JgaGemmAmaxCuda(XLA_FFI_CallFrame* call_frame);
 extern "C" XLA_FFI_Error* JgaGemmAmaxCudaInstantiate(XLA_FFI_CallFrame* call_frame);
+extern "C" XLA_FFI_Error* JgaQuantizeCuda(XLA_FFI_CallFrame* call_frame);
+extern "C" XLA_FFI_Error* JgaQuantizeCudaInstantiate(XLA_FFI_CallFrame* call_frame);
 extern "C" XLA_FFI_TypeId* JgaCallSiteStateTypeId();
 extern "C" const XLA_FFI_TypeInfo* JgaCallSiteStateTypeInfo();
 #endif
@@ -75,6 +77,10 @@ NB_MODULE(_jax_gemm_amax, m) {
     stages["instantiate"] = Capsule(JgaGemmAmaxCudaInstantiate);
     stages["execute"] = Capsule(JgaGemmAmaxCuda);
     targets["jax_gemm_amax_cuda"] = stages;
+    nb::dict quantize_stages;
+    quantize_stages["instantiate"] = Capsule(JgaQuantizeCudaInstantiate);
+    quantize_stages["execute"] = Capsule(JgaQuantizeCuda);
+    targets["jax_gemm_amax_quantize_cuda"] = quantize_stages;
 #endif
     return targets;
   });

@@ -12,7 +12,7 @@ from .layout import (
 )
 from .ops import GemmAmaxResult, gemm_amax, reference_gemm_amax
 from .primitives.gemm_amax import gemm_amax_p
-from .quantize import dequantize, quantize
+from .quantize import dequantize, quantize, quantize_pair
 
 __version__ = "0.1.0"
 
@@ -32,6 +32,7 @@ __all__ = [
     "physical_from_plain",
     "plain_from_physical",
     "quantize",
+    "quantize_pair",
     "reference_gemm_amax",
     "scale_shape",
 ]

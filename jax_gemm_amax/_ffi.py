@@ -16,6 +16,7 @@ except ImportError as e:  # pragma: no cover - depends on how the package is imp
 
 CPU_TARGET = "jax_gemm_amax_cpu"
 CUDA_TARGET = "jax_gemm_amax_cuda"
+QUANTIZE_CUDA_TARGET = "jax_gemm_amax_quantize_cuda"
 
 BUILT_WITH_CUDA: bool = bool(_ext.built_with_cuda)
 

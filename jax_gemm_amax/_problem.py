@@ -119,6 +119,32 @@ def check_c_major(c_major) -> str:
     return str(c_major)
 
 
+def check_quantize(x, fmt: str, sf_vec_size: int, axis) -> int:
+    """Validates a quantize call on ``x`` (anything with ``.shape`` and ``.dtype``) along ``axis``
+    (-1 or -2, or their non-negative forms; ``"pair"``: both). Returns the primitive's mode: 1
+    (along the last axis), 2 (along the one before it), 3 (both)."""
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise TypeError(f"x: must be a floating array, got {np.dtype(x.dtype).name}")
+    ndim = len(x.shape)
+    if ndim < 2:
+        raise ValueError(f"x: must be (rows, K) or (..., rows, K), got shape {tuple(x.shape)}")
+    if axis == "pair":
+        mode = 3
+    else:
+        axis = check_int(axis, "axis")
+        if axis not in (-1, -2, ndim - 1, ndim - 2):
+            raise ValueError(
+                f"axis: must be the last axis (-1) or the one before it (-2) of x with shape {tuple(x.shape)}, got {axis}"
+            )
+        mode = 1 if axis in (-1, ndim - 1) else 2
+    for bit, dim, name in ((1, -1, "K"), (2, -2, "R")):
+        if mode & bit and x.shape[dim] % sf_vec_size:
+            raise ValueError(
+                f"x: {name}={x.shape[dim]} must be a multiple of {sf_vec_size} for {fmt} (axis {ndim + dim} is quantized)"
+            )
+    return mode
+
+
 def scale_shape(rows: int, k: int, sf_vec_size: int, batch: int | None = None) -> tuple[int, ...]:
     """Physical 128x4 scale shape (L, ceil(rows/128), ceil(K/(4*sfv)), 32, 4, 4)."""
     rows = check_int(rows, "rows", minimum=0)

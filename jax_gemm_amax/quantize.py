@@ -1,64 +1,119 @@
-"""MXFP8 / MXFP4 / NVFP4 quantization along the last axis, scales in the physical layout."""
+"""MXFP8 / MXFP4 / NVFP4 quantization along a contraction axis, scales in the physical layout."""
 
 from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from . import formats
 from ._problem import (
-    FP4_OPERAND, OPERAND_DTYPES, PACKED_FP4, SCALE_DTYPES, canonical_dtype, check_dtype, check_sf_vec_size, is_fp4,
-    scale_shape,
+    FP4_OPERAND, OPERAND_DTYPES, PACKED_FP4, SCALE_DTYPES, canonical_dtype, check_dtype, check_quantize,
+    check_sf_vec_size, is_fp4, scale_shape,
 )
 from .layout import as_physical, plain_from_physical, physical_from_plain
+from .primitives.quantize import COLS, ROWS, quantize_p
 
-__all__ = ["quantize", "dequantize"]
+__all__ = ["quantize", "quantize_pair", "dequantize"]
 
 
-def quantize(x, fmt: str = "mxfp8_e4m3", *, packed: bool = True):
-    """Quantizes ``x`` (``(..., K)``, float) along its last axis.
+def quantize(x, fmt: str = "mxfp8_e4m3", *, axis: int = -1, packed: bool = True, return_amax: bool = False):
+    """Quantizes ``x`` (``(..., R, K)``, float) along ``axis``, its contraction axis: the last
+    (``-1``, default) or the one before it (``-2``).
 
-    Returns ``(q, scales)``. ``q`` has ``x``'s shape in the format's element dtype; FP4 formats
-    return packed ``uint8`` ``(..., K // 2)`` (low nibble = even k) unless ``packed=False``, which
-    gives ``float4_e2m1fn``. ``scales`` are in the physical 128x4 layout: ``(MN', G', 32, 4, 4)``
-    for 2-D ``x``, else ``(L, MN', G', 32, 4, 4)``; all leading dims of ``x`` fold into one L,
-    for ``q`` too (``(L, rows, K)``), which is what :func:`gemm_amax` takes.
+    Returns ``(q, scales)``, or ``(q, scales, amax)`` with ``return_amax``, laid out as
+    :func:`gemm_amax` takes them. Along the last axis ``q`` has ``x``'s shape; along ``-2`` it is
+    the transpose ``(..., K, R)`` (K-major for a wgrad ``dW = X^T dY``): the rows are K and each
+    is quantized along R. ``q`` is in the format's element dtype; FP4 formats return packed
+    ``uint8`` (two values per byte along the quantized axis, low nibble first) unless
+    ``packed=False``, which gives ``float4_e2m1fn``. ``scales`` are in the physical 128x4 layout,
+    ``(MN', G', 32, 4, 4)`` for 2-D ``x``, else ``(L, MN', G', 32, 4, 4)``: all leading dims of
+    ``x`` fold into one L, for ``q`` too (``(L, rows, K)``). ``amax`` is max |x| over the whole
+    input, float32 (NaN if ``x`` holds a NaN).
 
     * ``mxfp8_e4m3``, ``mxfp8_e5m2``, ``mxfp4``: one e8m0 scale per 32 values, the block's amax
-      over the format's max, rounded up to a power of two (so no value saturates).
-    * ``nvfp4``: one float8_e4m3fn scale per 16 values, the block's amax / 6 rounded to nearest
-      (values saturate at +-6; blocks whose amax / 6 exceeds 448 saturate the scale). Scale the
-      tensor beforehand (a per-tensor global scale) if its range needs it.
+      times the reciprocal of the format's max (an fp32 constant), rounded up to a power of two
+      (so no value saturates).
+    * ``nvfp4``: one float8_e4m3fn scale per 16 values, the block's amax times 1/6 rounded to
+      nearest (values saturate at +-6; blocks whose amax / 6 exceeds 448 saturate the scale);
+      values are multiplied by the fp32 reciprocal of their scale. Scale the tensor beforehand
+      (a per-tensor global scale) if its range needs it.
     * A block holding a NaN or an Inf, in every format, gets a NaN scale (e8m0 ``0xFF``; e4m3
       ``0x7F`` for ``nvfp4``), so the non-finite value is not lost: the whole block dequantizes to
       NaN, and :func:`gemm_amax` returns NaN in C wherever the block contributes, and a NaN amax.
       Its codes are its values quantized at scale 1. Other blocks are unaffected.
 
-    Zero rows or ``K = 0`` give empty ``q`` and ``scales`` of the shapes above
-    (:func:`gemm_amax` rejects empty operands).
+    On Hopper and Blackwell GPUs float32, float16 and bfloat16 inputs run as CUDA kernels,
+    bit-identical to the jnp implementation that runs elsewhere. Zero rows or ``K = 0`` give empty ``q`` and ``scales``
+    of the shapes above (:func:`gemm_amax` rejects empty operands) and an amax of 0.
     """
     f = formats.get_format(fmt)
     x = jnp.asarray(x)
-    if not jnp.issubdtype(x.dtype, jnp.floating):
-        raise TypeError(f"x: must be a floating array, got {x.dtype}")
-    if x.ndim < 2:
-        raise ValueError(f"x: must be (rows, K) or (..., rows, K), got shape {x.shape}")
-    k = x.shape[-1]
-    if k % f.sf_vec_size:
-        raise ValueError(f"x: K={k} must be a multiple of {f.sf_vec_size} for {fmt}")
-    lead = x.shape[:-2]
-    rows = x.shape[-2]
+    mode = check_quantize(x, f.name, f.sf_vec_size, axis=axis)
+    return _quantize(x, f, mode, packed, return_amax)
+
+
+def quantize_pair(x, fmt: str = "mxfp8_e4m3", *, packed: bool = True, return_amax: bool = False):
+    """Both orientations of ``x`` (``(..., R, K)``) from one read of it: ``((q_row, s_row),
+    (q_col, s_col))``, plus ``amax`` with ``return_amax``; the same as ``quantize(x, fmt)`` and
+    ``quantize(x, fmt, axis=-2)``. A linear layer's activations need both, rowwise for the
+    forward GEMM and columnwise for the weight gradient. R and K must be multiples of the
+    format's block size."""
+    f = formats.get_format(fmt)
+    x = jnp.asarray(x)
+    mode = check_quantize(x, f.name, f.sf_vec_size, axis="pair")
+    (q_row, s_row, q_col, s_col), amax = _quantize(x, f, mode, packed, True, flat=True)
+    pair = ((q_row, s_row), (q_col, s_col))
+    return (*pair, amax) if return_amax else pair
+
+
+def _quantize(x, f, mode, packed, return_amax, flat=False):
+    lead, (rows, k) = x.shape[:-2], x.shape[-2:]
     # math.prod, not reshape's -1, which cannot be inferred when rows or K is 0.
-    x3 = x.reshape((math.prod(lead), rows, k)).astype(jnp.float32)
-    blocks = x3.reshape(x3.shape[0], rows, k // f.sf_vec_size, f.sf_vec_size)
+    x3 = x.reshape((math.prod(lead), rows, k))
+    if _explicitly_sharded(x3):
+        # Sharding in types: jnp keeps the codes sharded as x is (the primitive's results would
+        # come out replicated).
+        *outs, amax = quantize_jnp(x3, f.name, mode)
+    else:
+        *outs, amax = quantize_p.bind(x3, fmt=f.name, mode=mode)
+    if not packed and is_fp4(f.value_dtype):
+        outs = [formats.float4_from_packed(o) if i % 2 == 0 else o for i, o in enumerate(outs)]
+    if not lead:
+        outs = [o[0] for o in outs]
+    amax = jnp.where(jnp.any(jnp.isnan(amax)), jnp.nan, jnp.max(amax, initial=0.0))
+    if flat:
+        return outs, amax
+    return (*outs, amax) if return_amax else tuple(outs)
+
+
+def _explicitly_sharded(x) -> bool:
+    sharding = getattr(jax.typeof(x), "sharding", None) if hasattr(jax, "typeof") else None
+    mesh = getattr(sharding, "mesh", None)
+    if mesh is None or getattr(mesh, "empty", True):
+        return False
+    return any(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types) and any(
+        e is not None for e in sharding.spec
+    )
+
+
+def _quantize_rows(x3, f):
+    """The arithmetic of quantize along the last axis of ``(L, R, K)``: codes (FP4 packed),
+    physical scales, and each item's amax. The CUDA kernels (ffi/cuda/quantize) follow it bit for
+    bit; the reciprocals are written out because XLA rewrites divisions by them into these
+    multiplies anyway, so the arithmetic is the same on every backend."""
+    batch, rows, k = x3.shape
+    x3 = x3.astype(jnp.float32)
+    blocks = x3.reshape(batch, rows, k // f.sf_vec_size, f.sf_vec_size)
     # NaN enters the max as +Inf: XLA's CPU max reductions of 4096+ elements can drop a NaN, never an Inf.
     amax = jnp.max(jnp.where(jnp.isnan(blocks), jnp.inf, jnp.abs(blocks)), axis=-1)
     finite = amax < jnp.inf
+    reciprocal_max = np.float32(1) / np.float32(f.max_value)
 
     if f.scale_dtype == np.dtype(jnp.float8_e8m0fnu):
-        mant, exp = jnp.frexp(amax / f.max_value)  # ratio = mant * 2^exp, mant in [0.5, 1)
+        mant, exp = jnp.frexp(amax * reciprocal_max)  # ratio = mant * 2^exp, mant in [0.5, 1)
         exponent = jnp.where(mant == 0.5, exp - 1, exp)  # ceil(log2(ratio))
         exponent = jnp.where(amax > 0, exponent, -127)
         exponent = jnp.where(finite, jnp.clip(exponent, -127, 127), 0)
@@ -66,21 +121,32 @@ def quantize(x, fmt: str = "mxfp8_e4m3", *, packed: bool = True):
         scales = jnp.where(finite, scales, jnp.array(jnp.nan, scales.dtype))  # 0xFF
         scaled = blocks * formats.exact_pow2(-exponent)[..., None]  # per block, not per element
     else:  # nvfp4: e4m3 scales
-        scales = jnp.clip(amax / f.max_value, 0, 448.0).astype(jnp.float8_e4m3fn)
-        s = jnp.where(finite, formats.decode_fp8(scales), 1.0)[..., None]
+        scales = jnp.clip(amax * reciprocal_max, 0, 448.0).astype(jnp.float8_e4m3fn)
+        s = jnp.where(finite, formats.decode_fp8(scales), 1.0)
         scales = jnp.where(finite, scales, jnp.array(jnp.nan, scales.dtype))  # 0x7F
-        scaled = jnp.where(s > 0, blocks / jnp.where(s > 0, s, 1), 0.0)
+        scaled = jnp.where(s[..., None] > 0, blocks * (1 / jnp.where(s > 0, s, 1))[..., None], 0.0)
     scaled = scaled.reshape(x3.shape)
 
     if is_fp4(f.value_dtype):
-        codes = formats.e2m1_codes(scaled)
-        q = formats.pack_fp4(codes) if packed else formats.e2m1_values(codes).astype(jnp.float4_e2m1fn)
+        q = formats.pack_fp4(formats.e2m1_codes(scaled))
     else:
         q = formats.saturating_cast(scaled, f.value_dtype)
-    physical = physical_from_plain(scales)
-    if not lead:
-        return q[0], physical[0]
-    return q, physical
+    item_amax = jnp.max(amax, axis=(1, 2), initial=0.0)
+    item_amax = jnp.where(jnp.any(jnp.isnan(x3), axis=(1, 2)), jnp.nan, item_amax)
+    return q, physical_from_plain(scales), item_amax
+
+
+def quantize_jnp(x3, fmt: str, mode: int):
+    """What ``quantize_p`` computes, in jnp: the CPU path and the GPU kernels' definition."""
+    f = formats.get_format(fmt)
+    outs = []
+    if mode & ROWS:
+        q, s, amax = _quantize_rows(x3, f)
+        outs += [q, s]
+    if mode & COLS:
+        q, s, amax = _quantize_rows(jnp.swapaxes(x3, 1, 2), f)
+        outs += [q, s]
+    return outs + [amax]
 
 
 def dequantize_physical(q, scales, sf_vec_size: int):

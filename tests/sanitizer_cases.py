@@ -1,7 +1,8 @@
 """Small gemm_amax calls for `compute-sanitizer --tool memcheck` on a GPU: a partial-tile case
 (M, N not multiples of any tile, K' padded), batched cases, one with A and B pre-converted to BF16,
 one split-K plan with A pre-converted, and few-row cases (the few-row kernel), each checked for
-correctness.
+correctness; then the quantize kernels (rows, columns, pair) on shapes with partial tiles and scale
+blocks, checked against jnp bit for bit.
 Not a pytest module: run as `compute-sanitizer --tool memcheck python tests/sanitizer_cases.py`."""
 
 import os
@@ -40,3 +41,21 @@ for name, kind, sf, sfv, m, n, k, batch, c_dtype in cases:
     npref.assert_c_close(np.asarray(c), c_dtype, ref, abssum)
     np.testing.assert_allclose(float(amax), ref_amax.max(), rtol=2e-5)
     print(f"{name}: ok on {jax.devices()[0].device_kind}", flush=True)
+
+from jax_gemm_amax.primitives.quantize import COLS, PAIR, ROWS, quantize_p  # noqa: E402
+from jax_gemm_amax.quantize import quantize_jnp  # noqa: E402
+
+quantize_cases = [  # (format, input dtype, mode, x shape): rows/K not multiples of the tiles or of 128
+    ("mxfp8_e4m3", "bfloat16", ROWS, (2, 200, 160)),
+    ("mxfp8_e5m2", "float32", COLS, (3, 96, 208)),
+    ("mxfp4", "float16", PAIR, (2, 320, 160)),
+    ("nvfp4", "bfloat16", PAIR, (1, 80, 272)),
+    ("nvfp4", "float32", ROWS, (1, 4100, 1040)),
+]
+for fmt, dtype, mode, shape in quantize_cases:
+    x = jax.numpy.asarray(rng.standard_normal(shape).astype(np.float32)).astype(dtype)
+    got = jax.jit(lambda v: quantize_p.bind(v, fmt=fmt, mode=mode))(x)
+    want = jax.jit(lambda v: quantize_jnp(v, fmt, mode))(x)
+    for g, w in zip(got, want):
+        assert np.array_equal(np.asarray(g).view(np.uint8), np.asarray(w).view(np.uint8)), (fmt, dtype, mode, shape)
+    print(f"quantize {fmt} {dtype} mode {mode} {shape}: ok on {jax.devices()[0].device_kind}", flush=True)

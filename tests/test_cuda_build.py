@@ -264,3 +264,26 @@ def test_skinny_kernels_stream_b_into_tensor_core_mmas(skinny_kernels):
         assert re.search(r"\bHMMA\.16816\.F32\b", body), f"{name[:60]}: no f16 m16n8k16 HMMA"
         assert re.search(r"\bLDSM\.16\.M88\.4\b", body), f"{name[:60]}: B not read with ldmatrix.x4"
         assert re.search(r"\bLDGSTS\b", body), f"{name[:60]}: no cp.async copies"
+
+
+# The quantize kernels (ffi/cuda/quantize): arch-neutral, built for every architecture
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_quantize_kernels_use_no_local_memory(tools, binary, arch):
+    """4 formats x 3 input dtypes x (rows, columns, pair) kernels per architecture, none of them
+    with local memory (a spill would cost their memory-bound loops bandwidth)."""
+    cuobjdump, nvdisasm, env = tools
+    if arch not in _run([cuobjdump, "--list-elf", binary], env):
+        _skip_or_fail(f"{binary.name} holds no {arch} cubin")
+    if nvdisasm is None:
+        _skip_or_fail("nvdisasm not found (cuobjdump -sass needs it): pip install nvidia-cuda-nvdisasm")
+    sass = _run([cuobjdump, "-sass", "-arch", arch, binary], env)
+    kernels = {
+        name: body for name, body in _sass_by_function(sass).items()
+        if "8quantize" in name and ("RowKernel" in name or "TileKernel" in name)
+    }
+    assert len(kernels) == 36, f"expected 36 quantize kernels for {arch}, found {sorted(kernels)}"
+    for name, body in kernels.items():
+        spills = re.findall(r"\b(?:LDL|STL)(?:\.[0-9A-Z]+)*\b", body)
+        assert not spills, f"{arch} {name[:70]}: {len(spills)} local-memory instructions"

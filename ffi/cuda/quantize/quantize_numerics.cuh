@@ -1,0 +1,205 @@
+// Device arithmetic of the quantize kernels, bit for bit that of jax_gemm_amax/quantize.py (which
+// defines it; XLA compiles it on the GPU to the same instructions used here):
+//   * the block amax is taken on |x| as bits, where NaN (above +Inf as an unsigned integer) is
+//     clamped to +Inf for the scale and kept, canonical, for the global amax;
+//   * MX: ratio = amax * fl(1/max) (the reciprocal as an fp32 constant, as quantize.py writes
+//     it), exponent = ceil(log2(ratio)) as frexp gives it, in [-127, 127] (-127 for amax 0); a
+//     non-finite block gets scale 0xFF and its values at scale 1; values times 2^-exponent, exact;
+//   * NVFP4: scale = e4m3(min(amax * fl(1/6), 448)), values times fl(1 / scale) (0 where the
+//     scale is 0); a non-finite block gets scale 0x7F and its values at scale 1;
+//   * FP8 codes: cvt.rn.satfinite (round to nearest even, saturating, NaN stays NaN), the
+//     instruction XLA emits for quantize.py's clip + convert; FP4 codes: e2m1_codes' comparisons.
+// Built without fast math and without flushing subnormals: every multiply is __fmul_rn.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common/quantize_problem.h"
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
+#error "the quantize kernels use cvt.rn.satfinite.{e4m3x2,e5m2x2}.f32 (sm_89 and later)"
+#endif
+
+namespace jga::quantize {
+
+constexpr uint32_t kInfBits = 0x7F800000u;
+constexpr uint32_t kCanonicalNaNBits = 0x7FC00000u;
+
+template <QuantizeFormat F>
+struct FormatTraits;
+template <>
+struct FormatTraits<QuantizeFormat::kMxfp8E4M3> {
+  static constexpr int kVec = 32;
+  static constexpr bool kFp4 = false, kMx = true;
+  static constexpr float kInvMax = 1.0f / 448.0f;
+};
+template <>
+struct FormatTraits<QuantizeFormat::kMxfp8E5M2> {
+  static constexpr int kVec = 32;
+  static constexpr bool kFp4 = false, kMx = true;
+  static constexpr float kInvMax = 1.0f / 57344.0f;
+};
+template <>
+struct FormatTraits<QuantizeFormat::kMxfp4> {
+  static constexpr int kVec = 32;
+  static constexpr bool kFp4 = true, kMx = true;
+  static constexpr float kInvMax = 1.0f / 6.0f;
+};
+template <>
+struct FormatTraits<QuantizeFormat::kNvfp4> {
+  static constexpr int kVec = 16;
+  static constexpr bool kFp4 = true, kMx = false;
+  static constexpr float kInvMax = 1.0f / 6.0f;
+};
+
+template <QuantizeInput I>
+struct InputTraits;
+template <>
+struct InputTraits<QuantizeInput::kF32> {
+  using T = float;
+  __device__ __forceinline__ static float ToFloat(float v) { return v; }
+  __device__ __forceinline__ static float FromBits(uint32_t word, int) { return __uint_as_float(word); }
+};
+template <>
+struct InputTraits<QuantizeInput::kF16> {
+  using T = __half;
+  __device__ __forceinline__ static float ToFloat(__half v) { return __half2float(v); }
+  __device__ __forceinline__ static float FromBits(uint32_t word, int half) {
+    return __half2float(__ushort_as_half(static_cast<unsigned short>(word >> (16 * half))));
+  }
+};
+template <>
+struct InputTraits<QuantizeInput::kBF16> {
+  using T = __nv_bfloat16;
+  __device__ __forceinline__ static float ToFloat(__nv_bfloat16 v) { return __bfloat162float(v); }
+  __device__ __forceinline__ static float FromBits(uint32_t word, int half) {
+    return __uint_as_float(half ? word & 0xFFFF0000u : word << 16);  // bf16 is fp32's upper half
+  }
+};
+
+// The elements of one 16-byte vector of input as fp32 (from the words, not through memory).
+template <QuantizeInput I>
+__device__ __forceinline__ void FromVector(const uint4& raw, float* v) {
+  constexpr int kPerWord = I == QuantizeInput::kF32 ? 1 : 2;
+  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int i = 0; i < 4 * kPerWord; ++i) v[i] = InputTraits<I>::FromBits(words[i / kPerWord], i % kPerWord);
+}
+
+// |v| as bits: unsigned order is float order for magnitudes, NaN above +Inf.
+__device__ __forceinline__ uint32_t AbsBits(float v) { return __float_as_uint(v) & 0x7FFFFFFFu; }
+
+// The global amax contribution of a block's max |x| bits: NaN canonical.
+__device__ __forceinline__ uint32_t AmaxBits(uint32_t abs_bits) {
+  return abs_bits > kInfBits ? kCanonicalNaNBits : abs_bits;
+}
+
+// 2^k for k in [-127, 127] from its bits (formats.exact_pow2: 2^-127 is the one subnormal).
+__device__ __forceinline__ float ExactPow2(int k) {
+  return __uint_as_float(k >= -126 ? static_cast<uint32_t>(k + 127) << 23 : 1u << 22);
+}
+
+// frexp's ceil(log2(r)) for finite r >= 0 (0 for r == 0, as frexp(0) gives exponent 0).
+__device__ __forceinline__ int CeilLog2(float r) {
+  const uint32_t bits = __float_as_uint(r);
+  const uint32_t e = bits >> 23, man = bits & 0x7FFFFFu;
+  if (bits == 0) return 0;
+  if (e == 0) {  // subnormal: r = man * 2^-149
+    const int floor_log2 = 31 - __clz(man) - 149;
+    return (man & (man - 1)) == 0 ? floor_log2 : floor_log2 + 1;
+  }
+  return static_cast<int>(e) - 127 + (man != 0);
+}
+
+// The scale of one block from its max |x| bits: its byte and the factor its values are multiplied by.
+struct BlockScale {
+  uint8_t code;
+  float mul;  // 0 for an NVFP4 block of scale 0 (its values become +0)
+};
+
+__device__ __forceinline__ uint8_t CvtE4M3(float v) {
+  uint16_t out;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(out) : "f"(0.0f), "f"(v));
+  return static_cast<uint8_t>(out & 0xFF);
+}
+
+__device__ __forceinline__ float DecodeE4M3Scale(uint8_t c) {  // c in [0, 0x7E]: finite, non-negative
+  const uint32_t e = c >> 3, m = c & 7;
+  // Exactly the value: a subnormal m * 2^-9, or (8 + m) * 2^(e - 10).
+  return e == 0 ? __fmul_rn(static_cast<float>(m), ExactPow2(-9))
+                : __fmul_rn(static_cast<float>(8 + m), ExactPow2(static_cast<int>(e) - 10));
+}
+
+template <QuantizeFormat F>
+__device__ __forceinline__ BlockScale ScaleOf(uint32_t abs_bits) {
+  using FT = FormatTraits<F>;
+  if (abs_bits >= kInfBits) return {static_cast<uint8_t>(FT::kMx ? 0xFF : 0x7F), 1.0f};  // NaN or Inf
+  const float amax = __uint_as_float(abs_bits);
+  if constexpr (FT::kMx) {
+    int exponent = amax > 0.0f ? CeilLog2(__fmul_rn(amax, FT::kInvMax)) : -127;
+    exponent = min(max(exponent, -127), 127);
+    return {static_cast<uint8_t>(exponent + 127), ExactPow2(-exponent)};
+  } else {
+    const uint8_t code = CvtE4M3(fminf(__fmul_rn(amax, FT::kInvMax), 448.0f));
+    const float s = DecodeE4M3Scale(code);
+    return {code, s > 0.0f ? __fdiv_rn(1.0f, s) : 0.0f};
+  }
+}
+
+// Two FP8 codes (lo = the even element) from scaled values.
+template <QuantizeFormat F>
+__device__ __forceinline__ uint16_t Fp8Pair(float lo, float hi) {
+  uint16_t out;
+  if constexpr (F == QuantizeFormat::kMxfp8E4M3) {
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(out) : "f"(hi), "f"(lo));
+  } else {
+    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(out) : "f"(hi), "f"(lo));
+  }
+  return out;
+}
+
+// formats.e2m1_codes: round to nearest even over the midpoints, saturate at 6, NaN -> +6 (code 7),
+// sign bit 8 (negative zero included).
+__device__ __forceinline__ uint32_t E2M1Code(float v) {
+  const float mag = fabsf(v);
+  uint32_t idx = (mag > 0.25f) + (mag >= 0.75f) + (mag > 1.25f) + (mag >= 1.75f) + (mag > 2.5f) + (mag >= 3.5f) +
+                 (mag > 5.0f);
+  const bool nan = v != v;
+  if (nan) idx = 7;
+  return idx | ((__float_as_uint(v) >> 31) && !nan ? 8u : 0u);
+}
+
+// Scaled value of one element: x * mul, or +0 where an NVFP4 block's scale is 0 (mul == 0).
+template <QuantizeFormat F>
+__device__ __forceinline__ float Scaled(float x, float mul) {
+  if constexpr (FormatTraits<F>::kMx) {
+    return __fmul_rn(x, mul);
+  } else {
+    return mul > 0.0f ? __fmul_rn(x, mul) : 0.0f;
+  }
+}
+
+// Codes of 8 consecutive scaled values: FP8 in 8 bytes (uint2), FP4 in 4 bytes (uint32 in .x).
+template <QuantizeFormat F>
+__device__ __forceinline__ uint2 Encode8(const float* v, float mul) {
+  uint2 out{0u, 0u};
+  if constexpr (FormatTraits<F>::kFp4) {
+    uint32_t packed = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) packed |= E2M1Code(Scaled<F>(v[i], mul)) << (4 * i);
+    out.x = packed;
+  } else {
+    uint32_t w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) w[i] = Fp8Pair<F>(Scaled<F>(v[2 * i], mul), Scaled<F>(v[2 * i + 1], mul));
+    out.x = w[0] | (w[1] << 16);
+    out.y = w[2] | (w[3] << 16);
+  }
+  return out;
+}
+
+}  // namespace jga::quantize

@@ -10,7 +10,7 @@
 # so where one command may run 10 minutes at most, run them as two:
 #   benchmarks/gpu_run.sh tests
 #   benchmarks/gpu_run.sh bench memcheck train
-# Optional: JGA_TEST_PATHS="tests/test_gemm_amax.py ..." runs part of the suite, JGA_BIG_TRAIN=0 skips the large Flax example, JGA_BENCH_ARGS="--repeats 5" is passed to
+# Optional: JGA_TEST_PATHS="tests/test_gemm_amax.py ..." runs part of the suite (JGA_TEST_TIMEOUT: seconds per pytest process, default 530), JGA_BIG_TRAIN=0 skips the large Flax example, JGA_BENCH_ARGS="--repeats 5" is passed to
 # the benchmark (all three save GPU time). The benchmark's default shapes are its six, the two small ones
 # chained 20 per jitted call (bench_gemm.py's docstring).
 set -uo pipefail
@@ -46,7 +46,7 @@ if run_stage tests; then
   SHARDS=${JGA_TEST_SHARDS:-3}; pids=(); paths=()
   for p in ${JGA_TEST_PATHS:-tests}; do paths+=("$REPO/$p"); done
   for ((i = 0; i < SHARDS; i++)); do
-    JGA_TEST_SHARD=$i/$SHARDS timeout 530 python3 -m pytest -q -rfEs -p no:cacheprovider --durations=5 \
+    JGA_TEST_SHARD=$i/$SHARDS timeout "${JGA_TEST_TIMEOUT:-530}" python3 -m pytest -q -rfEs -p no:cacheprovider --durations=5 \
       "${paths[@]}" > "$OUT/pytest_$i.log" 2>&1 &
     pids+=($!)
   done

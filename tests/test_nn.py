@@ -30,7 +30,7 @@ from jax_gemm_amax.nn import AmaxHistory, MXLinear, OutputAmax, mx_matmul  # noq
 
 # Predicted relative error of a product of two quantized operands (see the module docstring).
 PREDICTED_REL_ERR = {"mxfp8_e4m3": np.sqrt(2) * 0.0265, "mxfp8_e5m2": np.sqrt(2) * 0.053}
-KERNEL_CALL = re.compile(r'call_target_name = "jax_gemm_amax\w*"|custom_call @jax_gemm_amax\w*')
+KERNEL_CALL = re.compile(r'call_target_name = "jax_gemm_amax_(?:cpu|cuda)"|custom_call @jax_gemm_amax_(?:cpu|cuda)\b')  # the GEMM, not quantize
 
 
 def _rel(a, b):

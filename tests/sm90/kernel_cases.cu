@@ -468,6 +468,9 @@ static void TestCallSites(std::mt19937& rng) {
     cudaStream_t stream = nullptr;
     cudaGraphExec_t exec = nullptr;
   } sites[2];
+  // Loading the kernels allocates and synchronizes: before any capture, as the FFI handler's
+  // instantiate stage does.
+  CK(sm90::Prepare());
   for (int i = 0; i < 2; ++i) {
     Site& st = sites[i];
     st.d = Upload(hp);

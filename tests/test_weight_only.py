@@ -341,3 +341,91 @@ def test_gpu_c_dtypes_nan_and_extreme_scales(rng, c_dtype):
     assert ok.all(), (np.argwhere(~ok)[:4], c_gpu[~ok][:4], c_cpu[~ok][:4])
     # row 0 (a * 2^-110) times 2^127 on column 3 is an ordinary number on both
     assert np.isfinite(c_gpu[0, 3]) and abs(float(c_gpu[0, 3])) > 0
+
+
+# --- nn: mx_matmul(..., activations="bf16") and MXLinear(weight_only=True) ---
+
+def _weight_only_oracle(x, w, fmt):
+    """float64 bf16(x) @ dequantize(quantize(wᵀ)), decoded with npref."""
+    nnmod = pytest.importorskip("jax_gemm_amax.nn")
+    prepared = nnmod.prepare_weight(w, fmt)
+    f = jga.FORMATS[fmt]
+    q, s = np.asarray(prepared.q)[None], np.asarray(prepared.scales)[None]
+    k = x.shape[1]
+    kp = npref.decode_values(q).shape[-1]
+    wv = npref.decode_values(q) * npref.scales_per_element(s, q.shape[1], kp, f.sf_vec_size)
+    xv = np.zeros((x.shape[0], kp))
+    xv[:, :k] = np.asarray(jnp.asarray(x).astype(jnp.bfloat16)).astype(np.float64)
+    y = xv @ wv[0].T
+    return y[:, : w.shape[1]], (np.abs(xv) @ np.abs(wv[0]).T)[:, : w.shape[1]]
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp4", "nvfp4"])
+def test_mx_matmul_bf16_activations(rng, fmt):
+    nnmod = pytest.importorskip("jax_gemm_amax.nn")
+    x = rng.standard_normal((5, 100)).astype(np.float32)
+    w = rng.standard_normal((100, 70)).astype(np.float32)
+    y, amax = jax.jit(lambda x, w: nnmod.mx_matmul(x, w, fmt=fmt, activations="bf16"))(x, w)
+    want, abssum = _weight_only_oracle(x, w, fmt)
+    assert y.dtype == jnp.float32 and y.shape == (5, 70)
+    npref.assert_c_close(np.asarray(y)[None], "float32", want[None], abssum[None])
+    _amax_close(amax, np.max(np.abs(want)), abssum)
+    prepared = nnmod.prepare_weight(w, fmt)
+    y2, amax2 = jax.jit(lambda x, p: nnmod.mx_matmul(x, p, activations="bf16"))(x, prepared)
+    np.testing.assert_array_equal(np.asarray(y2), np.asarray(y))
+    assert float(amax2) == float(amax)
+    # the activations really stay in 16 bits: far closer to bf16(x) @ w than the quantized mode
+    exact = np.asarray(jnp.asarray(x).astype(jnp.bfloat16), np.float64) @ w
+    y_q, _ = nnmod.mx_matmul(x, w, fmt=fmt)
+    assert np.linalg.norm(np.asarray(y) - exact) < 0.8 * np.linalg.norm(np.asarray(y_q) - exact)
+
+
+def test_mx_matmul_bf16_gradients_are_the_straight_through_estimator(rng):
+    nnmod = pytest.importorskip("jax_gemm_amax.nn")
+    x = jnp.asarray(rng.standard_normal((8, 64)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((64, 32)), jnp.float32)
+    loss = lambda mode: lambda x, w: jnp.sum(nnmod.mx_matmul(x, w, activations=mode)[0] ** 2)
+    dx, dw = jax.grad(loss("bf16"), argnums=(0, 1))(x, w)
+    y = nnmod.mx_matmul(x, w, activations="bf16")[0]
+    # the same backward GEMMs as the quantized mode, fed this mode's dY = 2 y
+    dx_want, dw_want = nnmod._mx_matmul_bwd(nnmod._Config("mxfp8_e4m3", "mxfp8_e4m3", np.dtype(np.float32)),
+                                           (x, w), (2 * y, None))
+    np.testing.assert_array_equal(np.asarray(dx), np.asarray(dx_want))
+    np.testing.assert_array_equal(np.asarray(dw), np.asarray(dw_want))
+    prepared = nnmod.prepare_weight(w)
+    with pytest.raises(Exception, match=r"[Dd]ifferentiat|JVP|jvp"):
+        jax.grad(lambda x: jnp.sum(nnmod.mx_matmul(x, prepared, activations="bf16")[0]))(x)
+
+
+def test_mxlinear_weight_only_prepare(rng):
+    nnx = pytest.importorskip("flax.nnx")
+    nnmod = pytest.importorskip("jax_gemm_amax.nn")
+    layer = nnmod.MXLinear(96, 40, weight_only=True, fmt="nvfp4", rngs=nnx.Rngs(0))
+    x = jnp.asarray(rng.standard_normal((2, 3, 96)), jnp.bfloat16)
+    y_fly = layer(x)
+    assert y_fly.dtype == jnp.bfloat16 and y_fly.shape == (2, 3, 40)
+    layer.prepare()
+    assert isinstance(layer.kernel_q, nnmod.QuantizedKernel)
+    y_prep = nnx.jit(lambda m, x: m(x))(layer, x)
+    np.testing.assert_array_equal(np.asarray(y_prep, np.float32), np.asarray(y_fly, np.float32))
+    want, abssum = _weight_only_oracle(np.asarray(x.reshape(6, 96), np.float32), np.asarray(layer.kernel[...]), "nvfp4")
+    want = want + np.asarray(layer.bias[...], np.float64)
+    npref.assert_c_close(np.asarray(y_prep.reshape(6, 40), np.float32)[None], "bfloat16", want[None], abssum[None])
+    np.testing.assert_allclose(float(layer.output_amax[...]), np.max(np.abs(want)), rtol=1e-5)
+
+
+def test_weight_only_nn_errors(rng):
+    nnx = pytest.importorskip("flax.nnx")
+    nnmod = pytest.importorskip("jax_gemm_amax.nn")
+    x, w = jnp.ones((4, 64)), jnp.ones((64, 32))
+    with pytest.raises(ValueError, match=r"activations must be one of \('quantized', 'bf16'\), got 'fp8'"):
+        nnmod.mx_matmul(x, w, activations="fp8")
+    prepared = nnmod.prepare_weight(w)
+    with pytest.raises(ValueError, match=r"PreparedWeight is for weight-only calls"):
+        nnmod.mx_matmul(x, prepared)
+    with pytest.raises(ValueError, match=r"expected x \(M, 64\) for the prepared weight, got \(4, 32\)"):
+        nnmod.mx_matmul(jnp.ones((4, 32)), prepared, activations="bf16")
+    with pytest.raises(ValueError, match=r"prepare_weight: expected w \(K, N\)"):
+        nnmod.prepare_weight(jnp.ones((64,)))
+    with pytest.raises(ValueError, match=r"only weight_only=True layers"):
+        nnmod.MXLinear(8, 8, rngs=nnx.Rngs(0)).prepare()

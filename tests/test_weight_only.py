@@ -337,7 +337,9 @@ def test_gpu_c_dtypes_nan_and_extreme_scales(rng, c_dtype):
     c_gpu, c_cpu = (np.asarray(x.c).astype(np.float32) for x in (gpu, cpu))
     np.testing.assert_array_equal(np.isnan(c_gpu), np.isnan(c_cpu))
     tol = {"bfloat16": 2.0**-7, "float8_e4m3fn": 2.0**-3}[c_dtype]  # one ulp of C
-    ok = np.isnan(c_cpu) | (np.abs(c_gpu - c_cpu) <= tol * np.abs(c_cpu) + 1e-30)
+    _, abssum, _ = oracle(a, b, sfb, 32)
+    with np.errstate(invalid="ignore"):  # Inf where ordinary a meets 2^127: equal on both
+        ok = (c_gpu == c_cpu) | np.isnan(c_cpu) | (np.abs(c_gpu - c_cpu) <= tol * np.abs(c_cpu) + 4e-5 * abssum[0])
     assert ok.all(), (np.argwhere(~ok)[:4], c_gpu[~ok][:4], c_cpu[~ok][:4])
     # row 0 (a * 2^-110) times 2^127 on column 3 is an ordinary number on both
     assert np.isfinite(c_gpu[0, 3]) and abs(float(c_gpu[0, 3])) > 0

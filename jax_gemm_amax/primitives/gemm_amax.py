@@ -143,12 +143,10 @@ def _cuda_workspace_bytes(batch, m, n, k, operand_dtype, scale_dtype, sf_vec_siz
 
 def _weight_only_xla(a, b, sfb, *, c_dtype, sf_vec_size, **hints):
     """A weight-only call through XLA: the fp32 sum, amax on it, then C rounded as the kernels do."""
-    from ..ops import weight_only_sum  # ops imports this module
+    from ..ops import _magnitude_max, weight_only_sum  # ops imports this module
 
     acc = weight_only_sum(a, b, sfb, sf_vec_size)
-    amax = jax.lax.bitcast_convert_type(
-        jnp.max(jax.lax.bitcast_convert_type(acc, jnp.int32) & 0x7FFFFFFF, axis=(1, 2)), jnp.float32)
-    return formats.saturating_cast(acc, c_dtype), amax
+    return formats.saturating_cast(acc, c_dtype), _magnitude_max(acc, axis=(1, 2))
 
 
 def _cuda_lowering(ctx, *operands, **params):

@@ -16,6 +16,7 @@
 namespace nb = nanobind;
 
 extern "C" XLA_FFI_Error* JgaGemmAmaxCpu(XLA_FFI_CallFrame* call_frame);
+extern "C" XLA_FFI_Error* JgaGemmAmaxWeightOnlyCpu(XLA_FFI_CallFrame* call_frame);
 #if JGA_WITH_CUDA
 extern "C" XLA_FFI_Error* JgaGemmAmaxCuda(XLA_FFI_CallFrame* call_frame);
 extern "C" XLA_FFI_Error* JgaGemmAmaxCudaInstantiate(XLA_FFI_CallFrame* call_frame);
@@ -55,6 +56,7 @@ NB_MODULE(_jax_gemm_amax, m) {
   m.def("cpu_targets", []() {
     nb::dict targets;
     targets["jax_gemm_amax_cpu"] = Capsule(JgaGemmAmaxCpu);
+    targets["jax_gemm_amax_weight_only_cpu"] = Capsule(JgaGemmAmaxWeightOnlyCpu);
     return targets;
   });
   m.def("cuda_types", []() {

@@ -15,6 +15,7 @@ except ImportError as e:  # pragma: no cover - depends on how the package is imp
     ) from e
 
 CPU_TARGET = "jax_gemm_amax_cpu"
+CPU_WEIGHT_ONLY_TARGET = "jax_gemm_amax_weight_only_cpu"  # (a, b, sfb): bfloat16/float16 a, unscaled
 CUDA_TARGET = "jax_gemm_amax_cuda"
 QUANTIZE_CUDA_TARGET = "jax_gemm_amax_quantize_cuda"
 

@@ -20,6 +20,8 @@ FP8_OPERANDS = (np.dtype(jnp.float8_e4m3fn), np.dtype(jnp.float8_e5m2))
 FP4_OPERAND = np.dtype(jnp.float4_e2m1fn)
 PACKED_FP4 = np.dtype(np.uint8)
 OPERAND_DTYPES = FP8_OPERANDS + (FP4_OPERAND, PACKED_FP4)
+# Weight-only A dtypes: unscaled activations times a block-scaled B (sfa is None).
+ACTIVATION_DTYPES = (np.dtype(jnp.bfloat16), np.dtype(jnp.float16))
 
 # Scale dtypes: int8/uint8 are read as e8m0.
 E8M0 = np.dtype(jnp.float8_e8m0fnu)
@@ -168,14 +170,19 @@ class Problem:
     m: int
     n: int
     k: int  # logical K, in elements
-    ab_dtype: np.dtype
+    ab_dtype: np.dtype  # the block-scaled dtype: b's, and a's too unless weight-only
     sf_dtype: np.dtype
     sf_vec_size: int
     c_dtype: np.dtype
+    a_dtype: np.dtype  # ab_dtype, or bfloat16/float16 for weight-only calls
 
     @property
     def fp4(self) -> bool:
         return is_fp4(self.ab_dtype)
+
+    @property
+    def weight_only(self) -> bool:
+        return self.a_dtype in ACTIVATION_DTYPES
 
 
 def _check_cudnn_tuning(mma_tiler_mn, cluster_shape_mn, problem: Problem) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -206,9 +213,14 @@ def check_problem(
 ) -> tuple[Problem, tuple[int, int], tuple[int, int]]:
     """Validates a gemm_amax call. ``a``..``sfb`` are anything with ``.shape`` and ``.dtype``;
     the scales must already be in the physical layout (see ``layout.as_physical``)."""
-    ab_dtype = check_dtype(a, OPERAND_DTYPES, "a")
-    if np.dtype(b.dtype) != ab_dtype:
-        raise TypeError(f"b: dtype must match a ({ab_dtype.name}), got {np.dtype(b.dtype).name}")
+    a_dtype = check_dtype(a, OPERAND_DTYPES + ACTIVATION_DTYPES, "a")
+    weight_only = a_dtype in ACTIVATION_DTYPES
+    if weight_only:
+        ab_dtype = check_dtype(b, OPERAND_DTYPES, "b")
+    else:
+        ab_dtype = a_dtype
+        if np.dtype(b.dtype) != ab_dtype:
+            raise TypeError(f"b: dtype must match a ({ab_dtype.name}), got {np.dtype(b.dtype).name}")
     if a.ndim not in (2, 3):
         raise ValueError(f"a: must be (M, K) or (L, M, K), got shape {tuple(a.shape)}")
     if b.ndim != a.ndim:
@@ -216,16 +228,27 @@ def check_problem(
     batch = None if a.ndim == 2 else a.shape[0]
     if batch is not None and b.shape[0] != batch:
         raise ValueError(f"b: batch L must match a's ({batch}), got shape {tuple(b.shape)}")
-    if a.shape[-1] != b.shape[-1]:
-        raise ValueError(f"b: K must match a's (a {tuple(a.shape)}, b {tuple(b.shape)})")
+    k = b.shape[-1] * (2 if ab_dtype == PACKED_FP4 else 1)
+    if a.shape[-1] * (2 if a_dtype == PACKED_FP4 else 1) != k:
+        raise ValueError(f"b: K must match a's (a {tuple(a.shape)} {a_dtype.name}, b {tuple(b.shape)} {ab_dtype.name})")
     m, n = a.shape[-2], b.shape[-2]
-    k = a.shape[-1] * (2 if ab_dtype == PACKED_FP4 else 1)
     if min(m, n, k) < 1 or (batch is not None and batch < 1):
         raise ValueError(f"a, b: L, M, N and K must be at least 1 (a {tuple(a.shape)}, b {tuple(b.shape)})")
 
-    sf_dtype = check_dtype(sfa, SCALE_DTYPES, "sfa")
-    if np.dtype(sfb.dtype) != sf_dtype:
-        raise TypeError(f"sfb: dtype must match sfa ({sf_dtype.name}), got {np.dtype(sfb.dtype).name}")
+    if sfb is None:
+        raise TypeError("sfb: b's scales are required, got None")
+    if weight_only:
+        if sfa is not None:
+            raise TypeError(f"sfa: must be None for {a_dtype.name} a (weight-only: a is not scaled), "
+                            f"got an array of dtype {np.dtype(sfa.dtype).name}")
+        sf_dtype = check_dtype(sfb, SCALE_DTYPES, "sfb")
+    else:
+        if sfa is None:
+            raise TypeError(f"sfa: {a_dtype.name} a needs its scales; only bfloat16/float16 a "
+                            "(weight-only) take sfa=None")
+        sf_dtype = check_dtype(sfa, SCALE_DTYPES, "sfa")
+        if np.dtype(sfb.dtype) != sf_dtype:
+            raise TypeError(f"sfb: dtype must match sfa ({sf_dtype.name}), got {np.dtype(sfb.dtype).name}")
     sf_vec_size = check_sf_vec_size(sf_vec_size)
     c_dtype = canonical_dtype(c_dtype, "c_dtype")
     if c_dtype not in C_DTYPES:
@@ -260,12 +283,14 @@ def check_problem(
         )
 
     for name, sf, rows in (("sfa", sfa, m), ("sfb", sfb, n)):
+        if sf is None:
+            continue
         want = scale_shape(rows, k, sf_vec_size, batch)
         if tuple(sf.shape) != want:
             raise ValueError(
                 f"{name}: expected the physical 128x4 layout {want} for {'M' if name == 'sfa' else 'N'}={rows}, "
                 f"K={k}, sf_vec_size={sf_vec_size}, got {tuple(sf.shape)}"
             )
-    problem = Problem(batch, m, n, k, ab_dtype, sf_dtype, sf_vec_size, c_dtype)
+    problem = Problem(batch, m, n, k, ab_dtype, sf_dtype, sf_vec_size, c_dtype, a_dtype)
     tiler, cluster = _check_cudnn_tuning(mma_tiler_mn, cluster_shape_mn, problem)
     return problem, tiler, cluster

@@ -137,11 +137,26 @@ def decode_fp8(x):
     return jnp.where(mag >= 0x7C, special, value)
 
 
+def decode_half(x):
+    """bfloat16 / float16 -> float32 through the bit pattern (as :func:`decode_fp8`, so that XLA
+    cannot fold a preceding rounding to the half format away)."""
+    code = jax.lax.bitcast_convert_type(x, jnp.uint16).astype(jnp.uint32)
+    if np.dtype(x.dtype) == np.dtype(jnp.bfloat16):
+        return jax.lax.bitcast_convert_type(code << 16, jnp.float32)
+    mag = (code & 0x7FFF).astype(jnp.int32)
+    value = _minifloat_value(mag, code & 0x8000, mantissa_bits=10, bias=15)
+    special = jnp.where(mag == 0x7C00, jnp.where(code & 0x8000, -jnp.inf, jnp.inf), jnp.nan)
+    return jnp.where(mag >= 0x7C00, special, value)
+
+
 def operand_values(q):
-    """Operand codes -> float32 values, exactly: FP8 (``float8_e4m3fn``, ``float8_e5m2``) or packed
-    FP4 (``uint8``, ``(..., K // 2)`` -> ``(..., K)``)."""
-    if np.dtype(q.dtype) == np.dtype(np.uint8):
+    """Operand codes -> float32 values, exactly: FP8 (``float8_e4m3fn``, ``float8_e5m2``), packed
+    FP4 (``uint8``, ``(..., K // 2)`` -> ``(..., K)``) or weight-only bfloat16/float16."""
+    dtype = np.dtype(q.dtype)
+    if dtype == np.dtype(np.uint8):
         return e2m1_values(unpack_fp4(q))
+    if dtype in (np.dtype(jnp.bfloat16), np.dtype(jnp.float16)):
+        return decode_half(q)
     return decode_fp8(q)
 
 

@@ -33,7 +33,7 @@ from ._problem import is_fp4
 from .ops import gemm_amax
 from .quantize import quantize
 
-__all__ = ["AmaxHistory", "MXLinear", "OutputAmax", "mx_matmul"]
+__all__ = ["AmaxHistory", "MXLinear", "OutputAmax", "PreparedWeight", "QuantizedKernel", "mx_matmul", "prepare_weight"]
 
 
 class OutputAmax(nnx.Variable):
@@ -42,6 +42,10 @@ class OutputAmax(nnx.Variable):
 
 class AmaxHistory(nnx.Variable):
     """The last ``amax_history_length`` output amaxes, newest first (float32 vector)."""
+
+
+class QuantizedKernel(nnx.Variable):
+    """A weight-only layer's kernel quantized once (:meth:`MXLinear.prepare`): codes or scales."""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -53,6 +57,49 @@ class _Config:
     fmt: str
     grad_fmt: str
     c_dtype: np.dtype  # of the forward GEMM's output
+    weight_only: bool = False  # x stays in 16 bits, only w is quantized
+
+
+_WEIGHT_ONLY_N_MULTIPLE = 16  # C's rows 16-byte aligned for every float C dtype
+
+
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["q", "scales"],
+                   meta_fields=["fmt", "in_features", "out_features"])
+@dataclasses.dataclass(frozen=True)
+class PreparedWeight:
+    """A weight ``w (in_features, out_features)`` quantized once along in_features for weight-only
+    :func:`mx_matmul`: ``q`` ``(N', K')`` and its physical ``scales``, zero-padded to the format's
+    K multiple and N to 16 (:func:`prepare_weight`)."""
+
+    q: jax.Array
+    scales: jax.Array
+    fmt: str
+    in_features: int
+    out_features: int
+
+
+def prepare_weight(w, fmt: str = "mxfp8_e4m3") -> PreparedWeight:
+    """Quantizes ``w (K, N)`` for weight-only inference (``mx_matmul(x, prepared, activations="bf16")``)."""
+    formats.get_format(fmt)
+    w = jnp.asarray(w)
+    if w.ndim != 2 or 0 in w.shape:
+        raise ValueError(f"prepare_weight: expected w (K, N) with K, N >= 1, got shape {w.shape}")
+    wt = _pad_to(_pad_to(w.T, 1, _k_multiple(fmt)), 0, _WEIGHT_ONLY_N_MULTIPLE)
+    q, scales = quantize(wt, fmt)
+    return PreparedWeight(q, scales, fmt, int(w.shape[0]), int(w.shape[1]))
+
+
+def _activations_16(x):
+    """Weight-only activations: bfloat16 and float16 as they are, other floats rounded to bfloat16."""
+    return x if np.dtype(x.dtype) in (np.dtype(jnp.bfloat16), np.dtype(jnp.float16)) else x.astype(jnp.bfloat16)
+
+
+def _weight_only_gemm(x, prepared: PreparedWeight, c_dtype):
+    """``x (M, K) · w`` for a prepared ``w``: one weight-only gemm_amax, C ``(M, N)`` in c_dtype."""
+    a = _pad_to(_activations_16(x), 1, _k_multiple(prepared.fmt))  # to the prepared K'
+    sfv = formats.get_format(prepared.fmt).sf_vec_size
+    c, amax = gemm_amax(a, prepared.q, None, prepared.scales, c_dtype=c_dtype, sf_vec_size=sfv)
+    return c[:, :prepared.out_features], amax
 
 
 def _k_multiple(fmt: str) -> int:
@@ -90,6 +137,8 @@ def _nt_gemm(a, b, fmt: str, c_dtype):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def _mx_matmul(x, w, cfg: _Config):
+    if cfg.weight_only:
+        return _weight_only_gemm(x, prepare_weight(w, cfg.fmt), cfg.c_dtype)
     return _nt_gemm(x, w.T, cfg.fmt, cfg.c_dtype)
 
 
@@ -113,7 +162,11 @@ _mx_matmul.defvjp(_mx_matmul_fwd, _mx_matmul_bwd)
 _DIRECT_C_DTYPES = (np.dtype(np.float32), np.dtype(jnp.bfloat16), np.dtype(jnp.float16))
 
 
-def mx_matmul(x, w, *, fmt: str = "mxfp8_e4m3", grad_fmt: str = "mxfp8_e4m3", out_dtype=None):
+_ACTIVATIONS = ("quantized", "bf16")
+
+
+def mx_matmul(x, w, *, fmt: str = "mxfp8_e4m3", grad_fmt: str = "mxfp8_e4m3", out_dtype=None,
+              activations: str = "quantized"):
     """``y = x @ w`` with ``x (M, K)``, ``w (K, N)`` through :func:`gemm_amax`; returns ``(y, amax)``.
 
     Forward: ``x`` quantized to ``fmt`` along K, ``w`` along K (its first axis), GEMM with fp32
@@ -124,17 +177,37 @@ def mx_matmul(x, w, *, fmt: str = "mxfp8_e4m3", grad_fmt: str = "mxfp8_e4m3", ou
     contraction axis (both operands of a backward GEMM use ``grad_fmt``: the kernel takes one
     element dtype for A and B). Cotangents come back in ``x.dtype`` / ``w.dtype``; amax has none.
     Any M, K, N >= 1 work: non-aligned sizes are zero-padded internally.
+
+    ``activations="bf16"`` (weight-only, for inference): ``x`` is not quantized; bfloat16 and
+    float16 ``x`` go in as they are, other floats rounded to bfloat16, and only ``w`` is quantized
+    (``fmt``): one weight-only gemm_amax. ``w`` may then be a :class:`PreparedWeight`
+    (:func:`prepare_weight`: quantized once; not differentiable). With a float ``w`` the backward
+    pass is the same straight-through estimator as above.
     """
+    if activations not in _ACTIVATIONS:
+        raise ValueError(f"mx_matmul: activations must be one of {_ACTIVATIONS}, got {activations!r}")
+    x = jnp.asarray(x)
+    if isinstance(w, PreparedWeight):
+        if activations != "bf16":
+            raise ValueError("mx_matmul: a PreparedWeight is for weight-only calls, activations='bf16'")
+        if x.ndim != 2 or x.shape[1] != w.in_features:
+            raise ValueError(f"mx_matmul: expected x (M, {w.in_features}) for the prepared weight, got {x.shape}")
+        fmt, n = w.fmt, w.out_features
+    else:
+        w = jnp.asarray(w)
+        if x.ndim != 2 or w.ndim != 2 or x.shape[1] != w.shape[0]:
+            raise ValueError(f"mx_matmul: expected x (M, K) and w (K, N), got {x.shape} and {w.shape}")
+        n = w.shape[1]
     formats.get_format(fmt)
     formats.get_format(grad_fmt)
-    x, w = jnp.asarray(x), jnp.asarray(w)
-    if x.ndim != 2 or w.ndim != 2 or x.shape[1] != w.shape[0]:
-        raise ValueError(f"mx_matmul: expected x (M, K) and w (K, N), got {x.shape} and {w.shape}")
     out_dtype = np.dtype(out_dtype if out_dtype is not None else x.dtype)
     c_dtype = out_dtype if out_dtype in _DIRECT_C_DTYPES else np.dtype(np.float32)
-    if 0 in x.shape or 0 in w.shape:  # nothing to multiply: an empty (or all-zero) product
-        return jnp.zeros((x.shape[0], w.shape[1]), out_dtype), jnp.zeros((), jnp.float32)
-    y, amax = _mx_matmul(x, w, _Config(fmt, grad_fmt, c_dtype))
+    if 0 in x.shape or n == 0:  # nothing to multiply: an empty (or all-zero) product
+        return jnp.zeros((x.shape[0], n), out_dtype), jnp.zeros((), jnp.float32)
+    if isinstance(w, PreparedWeight):
+        y, amax = _weight_only_gemm(x, w, c_dtype)
+    else:
+        y, amax = _mx_matmul(x, w, _Config(fmt, grad_fmt, c_dtype, activations == "bf16"))
     return y.astype(out_dtype), jax.lax.stop_gradient(amax)
 
 
@@ -189,6 +262,11 @@ class MXLinear(nnx.Module):
       amax_history_length: length of ``amax_history`` (0: keep none).
       update_amax: whether forward calls update the amax state (also settable later as the
         attribute ``update_amax``).
+      weight_only: inference mode: activations stay in 16 bits (bfloat16/float16; other floats
+        rounded to bfloat16) and only the kernel is quantized to ``fmt``, one weight-only
+        ``gemm_amax`` (``mx_matmul(..., activations="bf16")``). :meth:`prepare` quantizes the
+        kernel once and keeps it (:class:`QuantizedKernel`); until then each call quantizes it, and
+        gradients are the straight-through estimator above. A prepared layer is not differentiable.
       rngs: ``nnx.Rngs`` providing the ``params`` stream.
     """
 
@@ -206,6 +284,7 @@ class MXLinear(nnx.Module):
         bias_init=default_bias_init,
         amax_history_length: int = 16,
         update_amax: bool = True,
+        weight_only: bool = False,
         rngs: nnx.Rngs,
         kernel_metadata: Mapping[str, Any] = MappingProxyType({}),
         bias_metadata: Mapping[str, Any] = MappingProxyType({}),
@@ -244,6 +323,23 @@ class MXLinear(nnx.Module):
         self.param_dtype = param_dtype
         self.amax_history_length = int(amax_history_length)
         self.update_amax = bool(update_amax)
+        self.weight_only = bool(weight_only)
+        self.kernel_q: QuantizedKernel | None = nnx.data(None)
+        self.kernel_scales: QuantizedKernel | None = nnx.data(None)
+
+    def prepare(self) -> None:
+        """Quantizes the kernel once for weight-only inference (again after the kernel changes)."""
+        if not self.weight_only:
+            raise ValueError("MXLinear.prepare: only weight_only=True layers keep a quantized kernel")
+        prepared = prepare_weight(self.kernel[...], self.fmt)
+        self.kernel_q = QuantizedKernel(prepared.q)
+        self.kernel_scales = QuantizedKernel(prepared.scales)
+
+    def _weight(self):
+        if self.kernel_q is None:
+            return self.kernel[...]
+        return PreparedWeight(self.kernel_q[...], self.kernel_scales[...], self.fmt, self.in_features,
+                              self.out_features)
 
     def __call__(self, inputs) -> jax.Array:
         x = jnp.asarray(inputs)
@@ -254,11 +350,12 @@ class MXLinear(nnx.Module):
         out_dtype = np.dtype(self.out_dtype if self.out_dtype is not None else x.dtype)
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
-        kernel = self.kernel[...]
+        kernel = self._weight()
+        mode = dict(fmt=self.fmt, grad_fmt=self.grad_fmt, activations="bf16" if self.weight_only else "quantized")
         if self.bias is None:
-            y, amax = mx_matmul(x2, kernel, fmt=self.fmt, grad_fmt=self.grad_fmt, out_dtype=out_dtype)
+            y, amax = mx_matmul(x2, kernel, out_dtype=out_dtype, **mode)
         else:
-            y, _ = mx_matmul(x2, kernel, fmt=self.fmt, grad_fmt=self.grad_fmt, out_dtype=jnp.float32)
+            y, _ = mx_matmul(x2, kernel, out_dtype=jnp.float32, **mode)
             y = y + self.bias[...].astype(jnp.float32)  # d(bias) = fp32 sum of dY
             amax = jax.lax.stop_gradient(jnp.max(jnp.abs(y), initial=0.0))
             y = y.astype(out_dtype)

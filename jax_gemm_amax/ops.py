@@ -30,7 +30,7 @@ class _Call:
     problem: Problem
     a: jax.Array  # (L, M, Kb)
     b: jax.Array
-    sfa: jax.Array  # (L, M', G', 32, 4, 4)
+    sfa: jax.Array | None  # (L, M', G', 32, 4, 4); None for weight-only calls
     sfb: jax.Array
     c_dtype: np.dtype
     c_major: str
@@ -44,18 +44,24 @@ class _Call:
 
 
 def _prepare(a, b, sfa, sfb, *, c_dtype, sf_vec_size, c_major, acc_dtype, mma_tiler_mn, cluster_shape_mn) -> _Call:
-    a, b, sfa, sfb = (jnp.asarray(x) for x in (a, b, sfa, sfb))
+    a, b, sfa, sfb = (None if x is None else jnp.asarray(x) for x in (a, b, sfa, sfb))
     batched = a.ndim == 3
-    sfa = as_physical(sfa, batched, "sfa")
-    sfb = as_physical(sfb, batched, "sfb")
+    sfa = None if sfa is None else as_physical(sfa, batched, "sfa")
+    sfb = None if sfb is None else as_physical(sfb, batched, "sfb")
     problem, tiler, cluster = check_problem(
         a, b, sfa, sfb, c_dtype=c_dtype, sf_vec_size=sf_vec_size, acc_dtype=acc_dtype,
         mma_tiler_mn=mma_tiler_mn, cluster_shape_mn=cluster_shape_mn, c_major=c_major,
     )
+    if problem.weight_only and c_major == "m":
+        # C^T = B A^T would need a block-scaled A and an unscaled B: not built.
+        raise NotImplementedError("c_major: 'm' is not built for weight-only (bfloat16/float16 a) calls; use 'n'")
+    if problem.a_dtype == FP4_OPERAND:
+        a = formats.packed_from_float4(a)
     if problem.ab_dtype == FP4_OPERAND:
-        a, b = formats.packed_from_float4(a), formats.packed_from_float4(b)
+        b = formats.packed_from_float4(b)
     if not batched:
-        a, b, sfa, sfb = a[None], b[None], sfa[None], sfb[None]
+        a, b, sfb = a[None], b[None], sfb[None]
+        sfa = None if sfa is None else sfa[None]
     return _Call(problem, a, b, sfa, sfb, problem.c_dtype, c_major, tiler, cluster)
 
 
@@ -92,10 +98,17 @@ def gemm_amax(
     everything, on the fp32 accumulator before C is rounded to ``c_dtype`` (NaN propagates).
     Returns ``GemmAmaxResult(c, amax)``.
 
+    Weight-only: ``a`` bfloat16 or float16 with ``sfa=None`` (``b`` any block-scaled dtype, with
+    ``sfb``) computes ``C[l, m, n] = sum_g (sum_{k in g} A[l, m, k] B[l, n, k]) SFB(l, n, g)``, the
+    same per-group arithmetic with A's unscaled values (their products with B's narrow values are
+    exact in fp32). ``c_major="m"`` is not built for it.
+
     Args:
       a: ``(M, K)`` or ``(L, M, K)``, K-major: ``float8_e4m3fn``, ``float8_e5m2``,
-        ``float4_e2m1fn``, or ``uint8`` packed FP4 ``(..., K // 2)`` (low nibble = even k).
-      b: ``(N, K)`` or ``(L, N, K)``, same dtype as ``a``.
+        ``float4_e2m1fn``, or ``uint8`` packed FP4 ``(..., K // 2)`` (low nibble = even k);
+        or ``bfloat16``/``float16`` (weight-only, ``sfa=None``).
+      b: ``(N, K)`` or ``(L, N, K)``, same dtype as ``a`` (any of the block-scaled ones for a
+        weight-only call).
       sfa, sfb: scales in the physical layout ``(L, ceil(MN/128), ceil(K/(4 sfv)), 32, 4, 4)``
         (no leading L for 2-D operands) or the cuDNN frontend's logical view ``(32, 4, MN', 4, K', L)``;
         ``float8_e8m0fnu`` (``int8``/``uint8`` read as e8m0) or ``float8_e4m3fn`` (sfv 16).
@@ -113,8 +126,9 @@ def gemm_amax(
     )
     # C^T = B A^T: a transposed output is the same kernel with the operands swapped.
     a, b, sfa, sfb = (call.b, call.a, call.sfb, call.sfa) if c_major == "m" else (call.a, call.b, call.sfa, call.sfb)
+    operands = (a, b, sfb) if sfa is None else (a, b, sfa, sfb)  # weight-only: no sfa operand
     c, amax = gemm_amax_p.bind(
-        a, b, sfa, sfb, c_dtype=call.kernel_c_dtype, sf_vec_size=sf_vec_size,
+        *operands, c_dtype=call.kernel_c_dtype, sf_vec_size=sf_vec_size,
         tile_m=call.tiler[0], tile_n=call.tiler[1], cluster_m=call.cluster[0], cluster_n=call.cluster[1],
     )
     return _finish(call, c, amax)
@@ -149,6 +163,31 @@ def reference_gemm_amax(
     if c_major == "m":
         acc = jnp.swapaxes(acc, 1, 2)
     return _finish(call, formats.saturating_cast(acc, call.kernel_c_dtype), amax)
+
+
+def weight_only_sum(a, b, sfb, sf_vec_size):
+    """The fp32 accumulator of a weight-only call (``a (L, M, K)`` bfloat16/float16, ``b`` and its
+    physical scales normalized as for ``gemm_amax_p``), in plain jnp: where every scale keeps
+    ``b``'s dequantized values exact (and normal) in bfloat16, one dot of A with them (fp32
+    accumulation); elsewhere (extreme or NaN e8m0 scales, decided at run time) the exact
+    per-group sum of :func:`reference_gemm_amax`. What the CUDA platform runs (through XLA)."""
+    values = formats.operand_values(b)
+    groups = values.shape[-1] // sf_vec_size
+    scales = formats.decode_scales(plain_from_physical(sfb, b.shape[1], groups))
+    dequantized = values * jnp.repeat(scales, sf_vec_size, axis=-1)  # exact in fp32 where finite
+
+    def dot():
+        if np.dtype(a.dtype) == np.dtype(jnp.bfloat16):
+            return jnp.einsum("lmk,lnk->lmn", a, dequantized.astype(jnp.bfloat16), preferred_element_type=jnp.float32)
+        return jnp.einsum("lmk,lnk->lmn", formats.operand_values(a), dequantized,
+                          precision=jax.lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
+
+    if np.dtype(sfb.dtype) == np.dtype(jnp.float8_e4m3fn):
+        return dot()  # e2m1 x e4m3 values: at most 6 significant bits, within [2^-10, 2688]
+    # e8m0 2^e: FP8/FP4 values times 2^e stay normal and finite in bfloat16 for |e| <= 100.
+    exponents = jax.lax.bitcast_convert_type(sfb, jnp.uint8).astype(jnp.int32) - 127
+    exact = jnp.all(jnp.abs(exponents) <= 100)
+    return jax.lax.cond(exact, dot, lambda: _block_scaled_sum(a, b, None, sfb, sf_vec_size))
 
 
 # Float32 arithmetic through the bits, for the reference: exact, and the same on every backend
@@ -221,7 +260,8 @@ def _combined_scales(sa, sb):
 
 @functools.partial(jax.jit, static_argnames="sf_vec_size")  # one compile per shape, also when called eagerly
 def _block_scaled_sum(a, b, sfa, sfb, sf_vec_size):
-    """``sum_g blockdot_g * scale_g`` for (L, M, Kb) and (L, N, Kb) operands and physical scales:
+    """``sum_g blockdot_g * scale_g`` for (L, M, Kb) and (L, N, Kb) operands and physical scales
+    (``sfa`` None for weight-only bfloat16/float16 ``a``):
     (L, M, N) float32. Kept as ``s * 2^r`` (s a float32 sum of fractions, r the exponent of the
     largest term) over steps of a few groups, so that no term or partial sum over- or underflows
     where the result does not; Inf and NaN terms are summed apart."""
@@ -237,8 +277,13 @@ def _block_scaled_sum(a, b, sfa, sfb, sf_vec_size):
         x = jnp.pad(x, [(0, 0), (0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 3))
         return jnp.moveaxis(x.reshape(x.shape[:2] + (steps, chunk) + x.shape[3:]), 2, 0)
 
+    sb = _operand_scales(sfb, n, groups)
+    if sfa is None:  # weight-only: A unscaled, a unit scale of sfb's kind (e8m0 code 127, or 1.0)
+        sa = jnp.full((batch, m, groups), 1.0 if sb.dtype == jnp.float32 else 127, sb.dtype)
+    else:
+        sa = _operand_scales(sfa, m, groups)
     xs = (by_step(va.reshape(batch, m, groups, sf_vec_size)), by_step(vb.reshape(batch, n, groups, sf_vec_size)),
-          by_step(_operand_scales(sfa, m, groups)), by_step(_operand_scales(sfb, n, groups)))
+          by_step(sa), by_step(sb))
 
     def step(carry, x):
         s, r, special = carry

@@ -89,17 +89,30 @@ ffi::Error ScaleTypeNamed(std::string_view name, ScaleType* type) {
   return ffi::Error::Success();
 }
 
-ffi::Error DescribeProblem(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b, const ffi::AnyBuffer& sfa,
-                           const ffi::AnyBuffer& sfb, const ffi::AnyBuffer& c, const ffi::AnyBuffer& amax,
-                           int32_t sf_vec_size, const GemmAmaxHints& hints, GemmAmaxProblem* p) {
+namespace {
+
+// Both forms: sfa is null for a weight-only call.
+ffi::Error Describe(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b, const ffi::AnyBuffer* sfa,
+                    const ffi::AnyBuffer& sfb, const ffi::AnyBuffer& c, const ffi::AnyBuffer& amax,
+                    int32_t sf_vec_size, const GemmAmaxHints& hints, GemmAmaxProblem* p) {
   using DT = ffi::DataType;
   if (a.dimensions().size() != 3) return Invalid("a must be (L, M, K), got " + ShapeString(a));
   if (b.dimensions().size() != 3) return Invalid("b must be (L, N, K), got " + ShapeString(b));
-  if (a.element_type() != b.element_type()) return Invalid("a and b must have the same dtype");
-  if (!OperandTypeOf(a.element_type(), &p->ab_type))
-    return Invalid("a/b dtype must be float8_e4m3fn, float8_e5m2 or uint8 (packed fp4)");
-  if (sfa.element_type() != sfb.element_type()) return Invalid("sfa and sfb must have the same dtype");
-  if (!ScaleTypeOf(sfa.element_type(), &p->sf_type))
+  if (sfa == nullptr) {
+    switch (a.element_type()) {
+      case DT::BF16: p->a_type = ActivationType::kBF16; break;
+      case DT::F16: p->a_type = ActivationType::kF16; break;
+      default: return Invalid("weight-only a dtype must be bfloat16 or float16");
+    }
+    if (!OperandTypeOf(b.element_type(), &p->ab_type))
+      return Invalid("b dtype must be float8_e4m3fn, float8_e5m2 or uint8 (packed fp4)");
+  } else {
+    if (a.element_type() != b.element_type()) return Invalid("a and b must have the same dtype");
+    if (!OperandTypeOf(a.element_type(), &p->ab_type))
+      return Invalid("a/b dtype must be float8_e4m3fn, float8_e5m2 or uint8 (packed fp4)");
+    if (sfa->element_type() != sfb.element_type()) return Invalid("sfa and sfb must have the same dtype");
+  }
+  if (!ScaleTypeOf(sfb.element_type(), &p->sf_type))
     return Invalid("sfa/sfb dtype must be float8_e8m0fnu, int8, uint8 or float8_e4m3fn");
   switch (c.element_type()) {
     case DT::F32: p->c_type = OutputType::kF32; break;
@@ -120,14 +133,15 @@ ffi::Error DescribeProblem(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b, con
   p->batch = ad[0];
   p->m = ad[1];
   p->n = bd[1];
-  p->k = fp4 ? ad[2] * 2 : ad[2];
-  if (bd[0] != p->batch || bd[2] != ad[2])
+  p->k = fp4 ? bd[2] * 2 : bd[2];
+  if (bd[0] != p->batch || (p->weight_only() ? ad[2] != p->k : bd[2] != ad[2]))
     return Invalid("b " + ShapeString(b) + " does not match a " + ShapeString(a));
   if (const char* why = ContractViolation(*p)) return Invalid(why);
 
   const std::vector<int64_t> want_sfa = {p->batch, p->row_blocks(p->m), p->k_blocks(), 32, 4, 4};
   const std::vector<int64_t> want_sfb = {p->batch, p->row_blocks(p->n), p->k_blocks(), 32, 4, 4};
-  if (!ShapeIs(sfa, want_sfa)) return Invalid("sfa must be " + ShapeString(want_sfa) + ", got " + ShapeString(sfa));
+  if (sfa != nullptr && !ShapeIs(*sfa, want_sfa))
+    return Invalid("sfa must be " + ShapeString(want_sfa) + ", got " + ShapeString(*sfa));
   if (!ShapeIs(sfb, want_sfb)) return Invalid("sfb must be " + ShapeString(want_sfb) + ", got " + ShapeString(sfb));
   const std::vector<int64_t> want_c = {p->batch, p->m, p->c_row_storage_elems()};
   if (!ShapeIs(c, want_c)) return Invalid("c must be " + ShapeString(want_c) + ", got " + ShapeString(c));
@@ -140,6 +154,20 @@ ffi::Error DescribeProblem(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b, con
   return ffi::Error::Success();
 }
 
+}  // namespace
+
+ffi::Error DescribeProblem(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b, const ffi::AnyBuffer& sfa,
+                           const ffi::AnyBuffer& sfb, const ffi::AnyBuffer& c, const ffi::AnyBuffer& amax,
+                           int32_t sf_vec_size, const GemmAmaxHints& hints, GemmAmaxProblem* p) {
+  return Describe(a, b, &sfa, sfb, c, amax, sf_vec_size, hints, p);
+}
+
+ffi::Error DescribeWeightOnlyProblem(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b, const ffi::AnyBuffer& sfb,
+                                     const ffi::AnyBuffer& c, const ffi::AnyBuffer& amax, int32_t sf_vec_size,
+                                     const GemmAmaxHints& hints, GemmAmaxProblem* p) {
+  return Describe(a, b, nullptr, sfb, c, amax, sf_vec_size, hints, p);
+}
+
 GemmAmaxBuffers BuffersOf(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b, const ffi::AnyBuffer& sfa,
                           const ffi::AnyBuffer& sfb, const ffi::AnyBuffer& c, const ffi::AnyBuffer& amax) {
   GemmAmaxBuffers buf;
@@ -149,6 +177,13 @@ GemmAmaxBuffers BuffersOf(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b, cons
   buf.sfb = sfb.untyped_data();
   buf.c = c.untyped_data();
   buf.amax = static_cast<float*>(amax.untyped_data());
+  return buf;
+}
+
+GemmAmaxBuffers WeightOnlyBuffersOf(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b, const ffi::AnyBuffer& sfb,
+                                    const ffi::AnyBuffer& c, const ffi::AnyBuffer& amax) {
+  GemmAmaxBuffers buf = BuffersOf(a, b, sfb, sfb, c, amax);
+  buf.sfa = nullptr;
   return buf;
 }
 

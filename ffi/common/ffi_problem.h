@@ -43,6 +43,14 @@ ffi::Error DescribeProblem(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b, con
 GemmAmaxBuffers BuffersOf(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b, const ffi::AnyBuffer& sfa,
                           const ffi::AnyBuffer& sfb, const ffi::AnyBuffer& c, const ffi::AnyBuffer& amax);
 
+// Weight-only calls: a (L, M, K) bfloat16 or float16, no sfa; the rest as above.
+ffi::Error DescribeWeightOnlyProblem(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b, const ffi::AnyBuffer& sfb,
+                                     const ffi::AnyBuffer& c, const ffi::AnyBuffer& amax, int32_t sf_vec_size,
+                                     const GemmAmaxHints& hints, GemmAmaxProblem* problem);
+
+GemmAmaxBuffers WeightOnlyBuffersOf(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b, const ffi::AnyBuffer& sfb,
+                                    const ffi::AnyBuffer& c, const ffi::AnyBuffer& amax);
+
 }  // namespace jga
 
 // The FFI binding of the handler signature: operands, then results, then attributes. The CUDA
@@ -64,3 +72,12 @@ GemmAmaxBuffers BuffersOf(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b, cons
       .Ret<xla::ffi::AnyBuffer>() /* amax, one per batch item */
 
 #define JGA_GEMM_AMAX_BINDING_ARGS JGA_GEMM_AMAX_BINDING_BUFFERS JGA_GEMM_AMAX_BINDING_ATTRS
+
+// Weight-only: a, b, sfb, then the same results and attributes.
+#define JGA_GEMM_AMAX_WEIGHT_ONLY_BINDING_ARGS                     \
+  .Arg<xla::ffi::AnyBuffer>()     /* a, bfloat16 or float16 */     \
+      .Arg<xla::ffi::AnyBuffer>() /* b */                          \
+      .Arg<xla::ffi::AnyBuffer>() /* sfb */                        \
+      .Ret<xla::ffi::AnyBuffer>() /* c */                          \
+      .Ret<xla::ffi::AnyBuffer>() /* amax, one per batch item */   \
+      JGA_GEMM_AMAX_BINDING_ATTRS

@@ -149,6 +149,18 @@ JGA_HOST_DEVICE float Pow2(int e) {
   return e >= -126 ? BitsToFloat(static_cast<uint32_t>(e + 127) << 23) : BitsToFloat(0x00400000u);
 }
 
+// The 16-bit A values of weight-only problems, exactly.
+JGA_HOST_DEVICE float DecodeBF16(uint16_t bits) { return BitsToFloat(static_cast<uint32_t>(bits) << 16); }
+
+JGA_HOST_DEVICE float DecodeF16(uint16_t bits) {
+  const uint32_t exp = (bits >> 10) & 0x1Fu;
+  if (exp == 0x1F) {
+    if (bits & 0x3FFu) return NAN;
+    return (bits & 0x8000u) ? -INFINITY : INFINITY;
+  }
+  return MiniFloat<5, 10, 15>::Decode(bits);
+}
+
 JGA_HOST_DEVICE float DecodeOperand(OperandType t, uint8_t byte) {
   return t == OperandType::kE4M3 ? DecodeE4M3(byte) : DecodeE5M2(byte);
 }

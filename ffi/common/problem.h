@@ -6,6 +6,10 @@
 // g runs over the K groups of sf_vec_size elements; how the combined scale is applied without
 // intermediate over- or underflow is in numerics.h.
 //
+// Weight-only problems (a_type bf16/f16): A is unscaled activations, there is no SFA, and
+//   C[l,m,n] = sum_g (sum_{k in g} A[l,m,k] * B[l,n,k]) * SFB(l,n,g)              (fp32)
+// the same arithmetic with SFA = 1 (bf16/f16 x FP8/FP4 products are exact in fp32).
+//
 // A is (L, M, K) and B is (L, N, K), both K-major and C-contiguous. FP4 operands are always
 // packed two per byte here (low nibble = even k); the Python layer packs `float4_e2m1fn`
 // arrays before the call, so kernels see one FP4 representation only.
@@ -24,6 +28,9 @@
 namespace jga {
 
 enum class OperandType : int32_t { kE4M3 = 0, kE5M2 = 1, kE2M1x2 = 2 };
+// A's element type where it differs from B's: kNarrow means A is block-scaled like B (ab_type);
+// kBF16/kF16 make the problem weight-only (A (L, M, K) in 16-bit values, no SFA).
+enum class ActivationType : int32_t { kNarrow = 0, kBF16 = 1, kF16 = 2 };
 enum class ScaleType : int32_t { kE8M0 = 0, kE4M3 = 1 };
 enum class OutputType : int32_t { kF32 = 0, kF16 = 1, kBF16 = 2, kE4M3 = 3, kE5M2 = 4, kE2M1x2 = 5 };
 
@@ -52,7 +59,8 @@ struct GemmAmaxProblem {
   int64_t m = 0;
   int64_t n = 0;
   int64_t k = 0;      // logical K (elements, not bytes)
-  OperandType ab_type = OperandType::kE4M3;
+  OperandType ab_type = OperandType::kE4M3;  // B's, and A's unless weight-only
+  ActivationType a_type = ActivationType::kNarrow;
   ScaleType sf_type = ScaleType::kE8M0;
   int32_t sf_vec_size = 32;
   OutputType c_type = OutputType::kF32;
@@ -72,6 +80,8 @@ struct GemmAmaxProblem {
   // FP4 operands (two codes per byte).
   JGA_HOST_DEVICE bool fp4_operands() const { return ab_type == OperandType::kE2M1x2; }
   JGA_HOST_DEVICE int64_t operand_row_bytes() const { return fp4_operands() ? k / 2 : k; }
+  JGA_HOST_DEVICE bool weight_only() const { return a_type != ActivationType::kNarrow; }
+  JGA_HOST_DEVICE int64_t a_row_bytes() const { return weight_only() ? 2 * k : operand_row_bytes(); }
   // Elements of C's minor dimension as stored (packed FP4 stores two per byte).
   JGA_HOST_DEVICE int64_t c_row_storage_elems() const {
     return c_type == OutputType::kE2M1x2 ? n / 2 : n;
@@ -108,7 +118,7 @@ JGA_HOST_DEVICE constexpr int64_t ScaleOffset(int64_t row, int64_t group, int64_
 struct GemmAmaxBuffers {
   const void* a = nullptr;
   const void* b = nullptr;
-  const void* sfa = nullptr;
+  const void* sfa = nullptr;  // null for weight-only problems
   const void* sfb = nullptr;
   void* c = nullptr;
   float* amax = nullptr;

@@ -3,6 +3,8 @@
 // scale, accumulated in fp32. The scale is never folded into an element, so a C that fp32 holds
 // comes out right for any pair of scales (448 * 2^127 * 2^-127, or subnormal results).
 //
+// Weight-only problems run the same code with A's 16-bit values (exact in fp32) and unit scales.
+//
 // Operands are decoded to fp32 values once and packed in panels (A: kMR rows, B: kNR columns,
 // K outermost); the register-blocked micro-kernel holds kMR x kNR block dots in vector lanes
 // that run along N, so one group's scales fold in as whole vectors.
@@ -114,7 +116,8 @@ struct Packed {
 
 void PackPanel(const GemmAmaxProblem& p, const uint8_t* values, const uint8_t* scales, int64_t rows, int64_t width,
                bool is_a, int64_t panel, Packed* out) {
-  const int64_t row_bytes = p.operand_row_bytes();
+  const bool half = is_a && p.weight_only();  // 16-bit values, no scales
+  const int64_t row_bytes = is_a ? p.a_row_bytes() : p.operand_row_bytes();
   const int64_t groups = p.k_groups();
   const int64_t k_blocks = p.k_blocks();
   float* dst = out->values.data() + panel * p.k * width;
@@ -128,6 +131,16 @@ void PackPanel(const GemmAmaxProblem& p, const uint8_t* values, const uint8_t* s
       continue;
     }
     const uint8_t* src = values + row * row_bytes;
+    if (half) {
+      const bool bf16 = p.a_type == ActivationType::kBF16;
+      for (int64_t k = 0; k < p.k; ++k) {
+        uint16_t bits;
+        std::memcpy(&bits, src + 2 * k, sizeof(bits));
+        dst[k * width + w] = bf16 ? DecodeBF16(bits) : DecodeF16(bits);
+      }
+      for (int64_t g = 0; g < groups; ++g) s1[g * width + w] = s2[g * width + w] = 1.0f;
+      continue;
+    }
     if (p.fp4_operands()) {
       for (int64_t i = 0; i < p.k / 2; ++i) {
         dst[2 * i * width + w] = DecodeE2M1(src[i] & 0xF);
@@ -233,6 +246,7 @@ void Run(const GemmAmaxProblem& p, const GemmAmaxBuffers& buf) {
   const int64_t groups = p.k_groups();
   const int64_t sfv = p.sf_vec_size;
   const int64_t row_bytes = p.operand_row_bytes();
+  const int64_t a_row_bytes = p.a_row_bytes();
   const auto* a_bytes = static_cast<const uint8_t*>(buf.a);
   const auto* b_bytes = static_cast<const uint8_t*>(buf.b);
   const auto* sfa_bytes = static_cast<const uint8_t*>(buf.sfa);
@@ -250,9 +264,9 @@ void Run(const GemmAmaxProblem& p, const GemmAmaxBuffers& buf) {
   const int64_t c_row_bytes = p.c_row_bytes();
 
   for (int64_t l = 0; l < p.batch; ++l) {
-    const uint8_t* a_l = a_bytes + l * p.m * row_bytes;
+    const uint8_t* a_l = a_bytes + l * p.m * a_row_bytes;
     const uint8_t* b_l = b_bytes + l * p.n * row_bytes;
-    const uint8_t* sfa_l = sfa_bytes + l * p.scale_batch_stride(p.m);
+    const uint8_t* sfa_l = sfa_bytes ? sfa_bytes + l * p.scale_batch_stride(p.m) : nullptr;
     const uint8_t* sfb_l = sfb_bytes + l * p.scale_batch_stride(p.n);
     ParallelFor(a_panels + b_panels, [&](int64_t panel) {
       if (panel < a_panels) {

@@ -10,6 +10,11 @@ bytes for packed FP4) and one amax per batch item ``(L,)``.
   Python side knows nothing about which GPU runs it: the CUDA handler dispatches, and the
   extension sizes its workspace.
 
+Weight-only calls (``a (L, M, K)`` bfloat16/float16, unscaled) bind the same primitives without
+the ``sfa`` operand: ``(a, b, sfb)``. On CPU they lower to their own FFI target; on CUDA through
+XLA itself (:func:`jax_gemm_amax.ops.weight_only_sum`, a cuBLAS dot), there being no weight-only
+kernel in the CUDA handler. Their sharding follows the same plan, without ``sfa``.
+
 The public function does the normalization (2-D inputs, layouts, float4 packing, c_major, the
 final max over L).
 
@@ -63,7 +68,16 @@ gemm_amax_ffi_p.multiple_results = True
 
 # --- abstract eval and impl (both primitives) ---
 
-def _abstract_eval(a, b, sfa, sfb, *, c_dtype, sf_vec_size, tile_m, tile_n, cluster_m, cluster_n):
+def _split(operands):
+    """``(a, b, sfa, sfb)``, sfa None for the weight-only form ``(a, b, sfb)``."""
+    if len(operands) == 3:
+        a, b, sfb = operands
+        return a, b, None, sfb
+    return operands
+
+
+def _abstract_eval(*operands, c_dtype, sf_vec_size, tile_m, tile_n, cluster_m, cluster_n):
+    a, b, sfa, sfb = _split(operands)
     if a.ndim != 3:
         raise ValueError(f"gemm_amax_p takes (L, M, K) operands, got a of shape {a.shape}")
     p, _, _ = check_problem(
@@ -105,10 +119,12 @@ batching.primitive_batchers[gemm_amax_p] = _batch_rule
 
 # --- FFI lowerings of the per-device call (CPU, CUDA) ---
 
-def _ffi_lowering(ctx, a, b, sfa, sfb, *, target, c_dtype, sf_vec_size, tile_m, tile_n, cluster_m, cluster_n):
+def _ffi_lowering(ctx, *operands, target, c_dtype, sf_vec_size, tile_m, tile_n, cluster_m, cluster_n):
     del c_dtype  # carried by the result type
+    if len(operands) == 3:
+        target = _ffi.CPU_WEIGHT_ONLY_TARGET  # CPU only: the CUDA lowering takes another way
     return jax.ffi.ffi_lowering(target)(
-        ctx, a, b, sfa, sfb,
+        ctx, *operands,
         sf_vec_size=np.int32(sf_vec_size), tile_m=np.int32(tile_m), tile_n=np.int32(tile_n),
         cluster_m=np.int32(cluster_m), cluster_n=np.int32(cluster_n),
     )
@@ -125,7 +141,18 @@ def _cuda_workspace_bytes(batch, m, n, k, operand_dtype, scale_dtype, sf_vec_siz
     return _ffi.workspace_bytes(batch, m, n, k, operand_dtype, scale_dtype, sf_vec_size, offer_copies)
 
 
-def _cuda_lowering(ctx, a, b, sfa, sfb, **params):
+def _weight_only_xla(a, b, sfb, *, c_dtype, sf_vec_size, **hints):
+    """A weight-only call through XLA: the fp32 sum, amax on it, then C rounded as the kernels do."""
+    from ..ops import _magnitude_max, weight_only_sum  # ops imports this module
+
+    acc = weight_only_sum(a, b, sfb, sf_vec_size)
+    return formats.saturating_cast(acc, c_dtype), _magnitude_max(acc, axis=(1, 2))
+
+
+def _cuda_lowering(ctx, *operands, **params):
+    if len(operands) == 3:
+        return mlir.lower_fun(functools.partial(_weight_only_xla, **params), multiple_results=True)(ctx, *operands)
+    a, b, sfa, sfb = operands
     if not _ffi.BUILT_WITH_CUDA:
         raise NotImplementedError(
             "jax_gemm_amax was built without its CUDA backend (no nvcc at build time); "
@@ -158,14 +185,12 @@ class _Plan:
     k: tuple[str, ...]
     scatter_dim: int | None  # with K sharded: 1 (M) or 2 (N) to psum_scatter the sum into, else psum
 
-    def operand_shardings(self, mesh):
+    def operand_shardings(self, mesh, weight_only=False):
         l, m, n, k = (spec_entry(x) for x in (self.l, self.m, self.n, self.k))
-        return (
-            NamedSharding(mesh, P(l, m, k)),
-            NamedSharding(mesh, P(l, n, k)),
-            NamedSharding(mesh, P(l, m, k, None, None, None)),
-            NamedSharding(mesh, P(l, n, k, None, None, None)),
-        )
+        a, b = NamedSharding(mesh, P(l, m, k)), NamedSharding(mesh, P(l, n, k))
+        sfa = NamedSharding(mesh, P(l, m, k, None, None, None))
+        sfb = NamedSharding(mesh, P(l, n, k, None, None, None))
+        return (a, b, sfb) if weight_only else (a, b, sfa, sfb)
 
     def c_axes(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         m, n = self.m, self.n
@@ -222,10 +247,11 @@ def _plan(mesh, a_shape, b_shape, k_groups, c_dtype, a_axes, b_axes, c_axes) -> 
     return _Plan(l_axes, m_axes, n_axes, k_axes, scatter_dim)
 
 
-def _local_gemm_amax(a, b, sfa, sfb, c_dtype, sf_vec_size, tile_m, tile_n, cluster_m, cluster_n):
+def _local_gemm_amax(*args):
+    operands, (c_dtype, sf_vec_size, tile_m, tile_n, cluster_m, cluster_n) = args[:-len(PARAMS)], args[-len(PARAMS):]
     return tuple(
         gemm_amax_ffi_p.bind(
-            a, b, sfa, sfb, c_dtype=c_dtype, sf_vec_size=sf_vec_size,
+            *operands, c_dtype=c_dtype, sf_vec_size=sf_vec_size,
             tile_m=tile_m, tile_n=tile_n, cluster_m=cluster_m, cluster_n=cluster_n,
         )
     )
@@ -247,16 +273,18 @@ def _partition(c_dtype, sf_vec_size, tile_m, tile_n, cluster_m, cluster_n, mesh,
     plan = _plan_from_shapes(c_dtype, sf_vec_size, mesh, arg_shapes, result_shape[0].sharding)
     c_m_axes, c_n_axes = plan.c_axes()
     amax_axes = c_m_axes + c_n_axes
-    hints = dict(tile_m=tile_m, tile_n=tile_n, cluster_m=cluster_m, cluster_n=cluster_n)
+    hints = (tile_m, tile_n, cluster_m, cluster_n)
     per_device_mesh = manual_mesh(mesh)
 
-    def lower_fn(a, b, sfa, sfb):
+    weight_only = len(arg_shapes) == 3
+
+    def lower_fn(*operands):
         with jax.sharding.use_abstract_mesh(per_device_mesh):
             if not plan.k:
-                c, amax = _local_gemm_amax(a, b, sfa, sfb, c_dtype, sf_vec_size, **hints)
+                c, amax = _local_gemm_amax(*operands, c_dtype, sf_vec_size, *hints)
             else:
                 # Partial sums in fp32; amax and rounding only after the sum over K.
-                c32, _ = _local_gemm_amax(a, b, sfa, sfb, np.dtype(np.float32), sf_vec_size, **hints)
+                c32, _ = _local_gemm_amax(*operands, np.dtype(np.float32), sf_vec_size, *hints)
                 if plan.scatter_dim is None:
                     c32 = jax.lax.psum(c32, plan.k)
                 else:
@@ -267,17 +295,20 @@ def _partition(c_dtype, sf_vec_size, tile_m, tile_n, cluster_m, cluster_n, mesh,
                 amax = jax.lax.pmax(amax, amax_axes)
             return c, amax
 
-    return mesh, lower_fn, plan.result_shardings(mesh), plan.operand_shardings(mesh)
+    return mesh, lower_fn, plan.result_shardings(mesh), plan.operand_shardings(mesh, weight_only)
 
 
 def _sharding_rule(c_dtype, sf_vec_size, tile_m, tile_n, cluster_m, cluster_n, mesh, operand_types, result_types):
     """Einsum-like Shardy rule. Where M (N, K) is a whole number of scale blocks, and every way of
     sharding it over the mesh leaves whole blocks, it is a compound factor whose major part is the
     scale tensor's block dim, so sharding one shards the other."""
-    a, _, sfa, sfb = (ir_shape(t) for t in operand_types)
+    weight_only = len(operand_types) == 3
+    a = ir_shape(operand_types[0])
+    sfb = ir_shape(operand_types[-1])
     c = ir_shape(result_types[0])
-    m, kb = a[1], a[2]
-    n = ir_shape(operand_types[1])[1]
+    m = a[1]
+    b = ir_shape(operand_types[1])
+    n, kb = b[1], b[2]
     sizes = {}
 
     def linked(block_count):
@@ -292,22 +323,29 @@ def _sharding_rule(c_dtype, sf_vec_size, tile_m, tile_n, cluster_m, cluster_n, m
             return f"({name}b {minor_name})"
         return f"{name}"
 
-    a_rows = rows("m", m, sfa[1], "mr", SCALE_ROWS_PER_BLOCK)
+    m_blocks = -(-m // SCALE_ROWS_PER_BLOCK)
+    a_rows = rows("m", m, m_blocks, "mr", SCALE_ROWS_PER_BLOCK)
     b_rows = rows("n", n, sfb[1], "nr", SCALE_ROWS_PER_BLOCK)
     c_cols = rows("n", n, sfb[1], "nc", c[2] // sfb[1]) if b_rows.startswith("(") else "n"
     sfa_rows = "mb" if a_rows.startswith("(") else "ma"
     sfb_rows = "nb" if b_rows.startswith("(") else "na"
-    k_blocks = sfa[2]
-    k_elems = kb * 2 if _is_packed(operand_types[0]) else kb
+    k_blocks = sfb[2]
+    packed_b = _is_packed(operand_types[1])
+    k_elems = kb * 2 if packed_b else kb
     if linked(k_blocks) and k_blocks * SCALE_GROUPS_PER_BLOCK * sf_vec_size == k_elems:
         sizes["kr"] = kb // k_blocks
         k_fac, sf_k = "(kb kr)", "kb"
     else:
         k_fac, sf_k = "k", "kg"
+    a_k = k_fac
+    if weight_only and packed_b:  # a holds K elements where b holds K / 2 bytes: a minor factor of 2
+        sizes["kp"] = 2
+        a_k = f"({k_fac.strip('()')} kp)"
     # The (32, 4, 4) atoms inside a block: their own factors per operand (sfa's and sfb's are
     # unrelated; one shared factor would carry a split of sfa's atom over to sfb and so to b).
+    sfa_rule = "" if weight_only else f" l {sfa_rows} {sf_k} ai aj aq,"
     rule = (
-        f"l {a_rows} {k_fac}, l {b_rows} {k_fac}, l {sfa_rows} {sf_k} ai aj aq, l {sfb_rows} {sf_k} bi bj bq"
+        f"l {a_rows} {a_k}, l {b_rows} {k_fac},{sfa_rule} l {sfb_rows} {sf_k} bi bj bq"
         f" -> l {a_rows} {c_cols}, l"
     )
     return rule, sizes
@@ -318,17 +356,22 @@ def _is_packed(ir_type) -> bool:
     return str(mlir.ir.RankedTensorType(ir_type).element_type) == "ui8"
 
 
-_partitioned = custom_partitioning(_local_gemm_amax, static_argnums=tuple(range(4, 4 + len(PARAMS))))
-_partitioned.def_partition(
-    partition=_partition,
-    infer_sharding_from_operands=_infer_sharding_from_operands,
-    decode_shardings=False,
-    sharding_rule=_sharding_rule,
-)
+def _partitioned_call(operand_count):
+    fn = custom_partitioning(_local_gemm_amax, static_argnums=tuple(range(operand_count, operand_count + len(PARAMS))))
+    fn.def_partition(
+        partition=_partition,
+        infer_sharding_from_operands=_infer_sharding_from_operands,
+        decode_shardings=False,
+        sharding_rule=_sharding_rule,
+    )
+    return fn
 
 
-def _lower(a, b, sfa, sfb, **params):
-    return _partitioned(a, b, sfa, sfb, *(params[p] for p in PARAMS))
+_partitioned = {4: _partitioned_call(4), 3: _partitioned_call(3)}  # both-scaled, weight-only
+
+
+def _lower(*operands, **params):
+    return _partitioned[len(operands)](*operands, *(params[p] for p in PARAMS))
 
 
 mlir.register_lowering(gemm_amax_p, mlir.lower_fun(_lower, multiple_results=True))

@@ -101,8 +101,14 @@ def stream_busy_ns(planes):
     """Nanoseconds of GPU work in a jax.profiler trace's planes: the events (kernels, copies) on the
     stream lines of the device planes, summed; the idle time between them does not count, nor do
     the lines that annotate the same time again (XLA modules and ops)."""
-    return sum(e.duration_ns for plane in planes if plane.name.startswith("/device:GPU")
-               for line in plane.lines if line.name.startswith("Stream") for e in line.events)
+    return sum(
+        e.duration_ns
+        for plane in planes
+        if plane.name.startswith("/device:GPU")
+        for line in plane.lines
+        if line.name.startswith("Stream")
+        for e in line.events
+    )
 
 
 def profile(fn, args, calls):
@@ -229,7 +235,7 @@ def amax_tolerance(name):
     """How far a candidate's amax may be from the reference's, relative. The fused amaxes (ours,
     scaled_matmul's of its f32 C) are maxima of fp32 sums; XLA's path takes its amax from C rounded
     to bf16, which moves it by up to half a bf16 ulp (2^-9), so 2^-8 there."""
-    return 2.0 ** -8 if name.startswith("XLA") else 1e-5
+    return 2.0**-8 if name.startswith("XLA") else 1e-5
 
 
 def check_outputs(name, shape, outputs, ref):
@@ -248,7 +254,9 @@ def build_candidates(on_gpu, fmt):
     sfv = jga.FORMATS[fmt].sf_vec_size
 
     def ours(c_dtype):
-        return jax.jit(lambda qa, qb, sfa, sfb, xa, xb: jga.gemm_amax(qa, qb, sfa, sfb, c_dtype=c_dtype, sf_vec_size=sfv))
+        return jax.jit(
+            lambda qa, qb, sfa, sfb, xa, xb: jga.gemm_amax(qa, qb, sfa, sfb, c_dtype=c_dtype, sf_vec_size=sfv)
+        )
 
     @jax.jit
     def xla_dequant(qa, qb, sfa, sfb, xa, xb):
@@ -283,12 +291,22 @@ def main():
     parser.add_argument("--shapes", default=None, help="MxNxK[:chain],... e.g. 8192x8192x8192,256x8192x8192:20")
     parser.add_argument("--calls", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--chain", type=int, default=1,
-                        help="repeats of the operation inside one jitted call, for shapes without their own ':chain'")
-    parser.add_argument("--chain-live-outputs", action="store_true",
-                        help="return every repeat's C from the chain (program outputs) instead of keeping them temporary")
-    parser.add_argument("--scan", action="store_true",
-                        help="run each chain as lax.scan over stacked operands instead of unrolled on copies")
+    parser.add_argument(
+        "--chain",
+        type=int,
+        default=1,
+        help="repeats of the operation inside one jitted call, for shapes without their own ':chain'",
+    )
+    parser.add_argument(
+        "--chain-live-outputs",
+        action="store_true",
+        help="return every repeat's C from the chain (program outputs) instead of keeping them temporary",
+    )
+    parser.add_argument(
+        "--scan",
+        action="store_true",
+        help="run each chain as lax.scan over stacked operands instead of unrolled on copies",
+    )
     parser.add_argument("--format", default="mxfp8_e4m3", choices=sorted(jga.FORMATS), help="operand format")
     parser.add_argument("--record", action="store_true", help="append the table to benchmarks/RESULTS.md")
     args = parser.parse_args()
@@ -300,10 +318,13 @@ def main():
     shape_spec = args.shapes or (GPU_SHAPES if on_gpu else CPU_SHAPES)
     shapes = parse_shapes(shape_spec, args.chain)
     candidates = build_candidates(on_gpu, fmt)
+
     def form(fn, n):
         return scanned(fn, n) if args.scan else chained(fn, n, args.chain_live_outputs)
 
-    chains = {n: {name: form(fn, n) for name, fn in candidates.items()} for n in sorted({chain for *_, chain in shapes})}
+    chains = {
+        n: {name: form(fn, n) for name, fn in candidates.items()} for n in sorted({chain for *_, chain in shapes})
+    }
     device = jax.devices()[0].device_kind
 
     peers = {"cuBLAS bf16": "bf16 dot, no scales (cuBLAS)", "XLA dequant": "XLA dequant→bf16 dot→amax"}
@@ -334,8 +355,11 @@ def main():
                 outputs = [out if chain == 1 else out[0]]
             unscaled = name.startswith("bf16")  # the bar multiplies the unquantized bf16 operands
             if unscaled not in refs:
-                refs[unscaled] = (reference(xa, xb) if unscaled
-                                  else reference(jga.dequantize(qa, sfa, sfv), jga.dequantize(qb, sfb, sfv)))
+                refs[unscaled] = (
+                    reference(xa, xb)
+                    if unscaled
+                    else reference(jga.dequantize(qa, sfa, sfv), jga.dequantize(qb, sfb, sfv))
+                )
             check_outputs(name, (m, n, k), outputs, refs[unscaled])
         del refs
         cells = " | ".join(f"{tflops[c]:.3g}" for c in candidates)
@@ -348,34 +372,53 @@ def main():
             host_bound.append(f"{label}: " + ", ".join(f"{c} {share[c]:.2f}" for c in candidates))
             busy = {c: gpu_busy_per_call(chains[chain][c], ops) for c in candidates}
             if all(busy.values()):
-                gpu_time.append(f"{label}: " + ", ".join(f"{c} {busy[c] / chain * 1e6:.1f} µs" for c in candidates)
-                                + "; ours bf16 / " + ", / ".join(f"{p} {busy[name] / busy['gemm_amax bf16']:.2f}"
-                                                                 for p, name in peers.items()))
+                gpu_time.append(
+                    f"{label}: "
+                    + ", ".join(f"{c} {busy[c] / chain * 1e6:.1f} µs" for c in candidates)
+                    + "; ours bf16 / "
+                    + ", / ".join(f"{p} {busy[name] / busy['gemm_amax bf16']:.2f}" for p, name in peers.items())
+                )
     geomean = {p: math.exp(sum(map(math.log, r)) / len(r)) for p, r in ratios.items()}
-    rows.append("| geometric mean | " + " | ".join("" for _ in candidates) + " | "
-                + " | ".join(f"**{geomean[p]:.2f}**" for p in peers) + " |")
+    rows.append(
+        "| geometric mean | "
+        + " | ".join("" for _ in candidates)
+        + " | "
+        + " | ".join(f"**{geomean[p]:.2f}**" for p in peers)
+        + " |"
+    )
 
     if host_bound:
-        rows += ["", f"Host-bound rows (share of the wall time spent enqueueing the calls, ≥ {HOST_BOUND_SHARE} for some candidate): "
-                 + "; ".join(host_bound) + "."]
+        rows += [
+            "",
+            f"Host-bound rows (share of the wall time spent enqueueing the calls, ≥ {HOST_BOUND_SHARE} for some candidate): "
+            + "; ".join(host_bound)
+            + ".",
+        ]
     if gpu_time:
-        rows += ["", "Their GPU work per operation (jax.profiler: kernels and copies on the GPU's streams, idle time "
-                 "excluded), and the ratios by it: " + "; ".join(gpu_time) + "."]
+        rows += [
+            "",
+            "Their GPU work per operation (jax.profiler: kernels and copies on the GPU's streams, idle time "
+            "excluded), and the ratios by it: " + "; ".join(gpu_time) + ".",
+        ]
     table = "\n".join(rows)
     print()
     live = " (live outputs)" if args.chain_live_outputs else ""
-    print(f"{device}, jax {jax.__version__}, {fmt}{live}, TFLOP/s (2MNK x chain / median time), outputs checked against the f32 product")
+    print(
+        f"{device}, jax {jax.__version__}, {fmt}{live}, TFLOP/s (2MNK x chain / median time), outputs checked against the f32 product"
+    )
     print(table)
     if args.record:
-        record(f"gemm_amax vs peers on {device}",
-               f"`python benchmarks/bench_gemm.py --format {fmt} --shapes {shape_spec} --calls {args.calls} --repeats {args.repeats}"
-               f" --chain {args.chain}{' --chain-live-outputs' if args.chain_live_outputs else ''}{' --scan' if args.scan else ''}`"
-               f"{' XLA_FLAGS=' + repr(os.environ['XLA_FLAGS']) if os.environ.get('XLA_FLAGS') else ''}"
-               f" (jax {jax.__version__}); TFLOP/s = 2MNK x chain / median time, {fmt} operands; a row's chain: "
-               f"the operation that many times per jitted call"
-               f"{', as lax.scan over stacked operands' if args.scan else ''}, the outputs "
-               f"{'live' if args.chain_live_outputs else 'temporaries'}.",
-               table)
+        record(
+            f"gemm_amax vs peers on {device}",
+            f"`python benchmarks/bench_gemm.py --format {fmt} --shapes {shape_spec} --calls {args.calls} --repeats {args.repeats}"
+            f" --chain {args.chain}{' --chain-live-outputs' if args.chain_live_outputs else ''}{' --scan' if args.scan else ''}`"
+            f"{' XLA_FLAGS=' + repr(os.environ['XLA_FLAGS']) if os.environ.get('XLA_FLAGS') else ''}"
+            f" (jax {jax.__version__}); TFLOP/s = 2MNK x chain / median time, {fmt} operands; a row's chain: "
+            f"the operation that many times per jitted call"
+            f"{', as lax.scan over stacked operands' if args.scan else ''}, the outputs "
+            f"{'live' if args.chain_live_outputs else 'temporaries'}.",
+            table,
+        )
 
 
 if __name__ == "__main__":

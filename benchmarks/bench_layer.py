@@ -80,38 +80,54 @@ def main():
     parser.add_argument("--layers", type=int, default=20)
     parser.add_argument("--calls", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--act-dtype", default="float32", choices=["float32", "bfloat16"], help="the activation's dtype (gelu's)")
+    parser.add_argument(
+        "--act-dtype", default="float32", choices=["float32", "bfloat16"], help="the activation's dtype (gelu's)"
+    )
     parser.add_argument("--record", action="store_true", help="append the table to benchmarks/RESULTS.md")
     args = parser.parse_args()
     act_dtype = jnp.dtype(args.act_dtype)
     device = jax.devices()[0].device_kind
-    rows_out = ["| rows × width | gemm_amax | XLA dequant | cuBLAS bf16 | ours / XLA dequant | ours / cuBLAS | one layer: max rel. diff ours vs dequant |",
-                "|---|---|---|---|---|---|---|"]
+    rows_out = [
+        "| rows × width | gemm_amax | XLA dequant | cuBLAS bf16 | ours / XLA dequant | ours / cuBLAS | one layer: max rel. diff ours vs dequant |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for size in args.sizes.split(","):
         rows, d = (int(v) for v in size.split("x"))
         x, qws, bws = build_layers(rows, d, args.layers, act_dtype=act_dtype)
         cands = candidates(act_dtype)
-        times = {name: t / args.layers for name, (t, _) in timed_rounds(cands, (x, qws, bws), args.calls, args.repeats).items()}
+        times = {
+            name: t / args.layers
+            for name, (t, _) in timed_rounds(cands, (x, qws, bws), args.calls, args.repeats).items()
+        }
         # One layer on the same input: the same quantized operands, so the outputs differ only by
         # summation order and C's bf16 rounding (over more layers a code flipped by that rounding
         # propagates, so the stacks are not compared).
         one = {name: cands[name](x, qws[:1], bws[:1]) for name in ("gemm_amax", "XLA dequant")}
         ref, ref_amax = one["XLA dequant"]
-        diff = float(jnp.max(jnp.abs(one["gemm_amax"][0].astype(jnp.float32) - ref)) / jnp.max(jnp.abs(ref.astype(jnp.float32))))
+        diff = float(
+            jnp.max(jnp.abs(one["gemm_amax"][0].astype(jnp.float32) - ref)) / jnp.max(jnp.abs(ref.astype(jnp.float32)))
+        )
         amax_diff = float(jnp.abs(one["gemm_amax"][1][0] - ref_amax[0]) / ref_amax[0])
         assert diff < 2**-7 and amax_diff < 2**-7, (size, diff, amax_diff)
         us = {k: v * 1e6 for k, v in times.items()}
-        rows_out.append(f"| {rows} × {d} | {us['gemm_amax']:.1f} | {us['XLA dequant']:.1f} | {us['cuBLAS bf16']:.1f} | "
-                        f"{times['XLA dequant'] / times['gemm_amax']:.2f} | {times['cuBLAS bf16'] / times['gemm_amax']:.2f} | {diff:.2g} |")
+        rows_out.append(
+            f"| {rows} × {d} | {us['gemm_amax']:.1f} | {us['XLA dequant']:.1f} | {us['cuBLAS bf16']:.1f} | "
+            f"{times['XLA dequant'] / times['gemm_amax']:.2f} | {times['cuBLAS bf16'] / times['gemm_amax']:.2f} | {diff:.2g} |"
+        )
         print(rows_out[-1], flush=True)
     table = "\n".join(rows_out)
-    print(f"\n{device}, jax {jax.__version__}, {FMT}, {args.act_dtype} activations, {args.layers} layers per jitted call, "
-          "µs per layer (median), ratios > 1: ours faster")
+    print(
+        f"\n{device}, jax {jax.__version__}, {FMT}, {args.act_dtype} activations, {args.layers} layers per jitted call, "
+        "µs per layer (median), ratios > 1: ours faster"
+    )
     print(table)
     if args.record:
-        record(f"MLP layers (quantize → GEMM → gelu) on {device}",
-               f"`python benchmarks/bench_layer.py --sizes {args.sizes} --layers {args.layers} --calls {args.calls}"
-               f" --repeats {args.repeats} --act-dtype {args.act_dtype}` (jax {jax.__version__}); µs per layer, median; {FMT}.", table)
+        record(
+            f"MLP layers (quantize → GEMM → gelu) on {device}",
+            f"`python benchmarks/bench_layer.py --sizes {args.sizes} --layers {args.layers} --calls {args.calls}"
+            f" --repeats {args.repeats} --act-dtype {args.act_dtype}` (jax {jax.__version__}); µs per layer, median; {FMT}.",
+            table,
+        )
 
 
 if __name__ == "__main__":

@@ -55,9 +55,7 @@ def copy_rate(calls, repeats) -> tuple[float, int]:
 
 
 def same_bits(a, b) -> bool:
-    return all(
-        np.array_equal(np.asarray(u).view(np.uint8), np.asarray(v).view(np.uint8)) for u, v in zip(a, b)
-    )
+    return all(np.array_equal(np.asarray(u).view(np.uint8), np.asarray(v).view(np.uint8)) for u, v in zip(a, b))
 
 
 def main():
@@ -70,7 +68,10 @@ def main():
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--record", action="store_true", help="also print the table as a RESULTS.md section")
     args = parser.parse_args()
-    sizes = [tuple(int(v) for v in s.split("x")) for s in (args.sizes or (GPU_SIZES if jax.default_backend() == "gpu" else CPU_SIZES)).split(",")]
+    sizes = [
+        tuple(int(v) for v in s.split("x"))
+        for s in (args.sizes or (GPU_SIZES if jax.default_backend() == "gpu" else CPU_SIZES)).split(",")
+    ]
 
     copy, copy_mib = copy_rate(args.calls, args.repeats)
     rng = np.random.default_rng(0)
@@ -103,8 +104,10 @@ def main():
     table = header + body
     device = jax.devices()[0].device_kind
     notes = f"Copy rate (jitted x + 1, {copy_mib} MiB of float32): {copy:.2f} TB/s on {device}.\n"
-    notes += "Outputs bit-identical to XLA's in every row.\n" if not mismatches else (
-        f"**Outputs differ from XLA's in: {', '.join(mismatches)}.**\n"
+    notes += (
+        "Outputs bit-identical to XLA's in every row.\n"
+        if not mismatches
+        else (f"**Outputs differ from XLA's in: {', '.join(mismatches)}.**\n")
     )
     print("\n" + table + "\n" + notes)
     if args.record:

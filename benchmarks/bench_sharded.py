@@ -97,8 +97,10 @@ def main():
     rows.append((f"K-sharded, {ng} GPUs", f"{s}×{s}×{ng * s}", tk, t1 / tk, t_psum))
     del qa, sfa, qb, sfb, k_args, res, partials
 
-    header = ("| run | M×N×K | time (ms) | TFLOP/s per GPU | weak-scaling efficiency | collective alone (ms) "
-              "| collective share |")
+    header = (
+        "| run | M×N×K | time (ms) | TFLOP/s per GPU | weak-scaling efficiency | collective alone (ms) "
+        "| collective share |"
+    )
     lines = [header, "|---|---|---|---|---|---|---|"]
     for name, shape, t, eff, tc in rows:
         coll = "—" if tc is None else f"{tc * 1e3:.3f}"
@@ -106,13 +108,18 @@ def main():
         lines.append(f"| {name} | {shape} | {t * 1e3:.3f} | {flop / t / 1e12:.0f} | {eff:.2f} | {coll} | {share} |")
     table = "\n".join(lines)
     kind = devices[0].device_kind
-    print(f"{ng}× {kind}, jax {jax.__version__}, bf16 C, median of {args.repeats} × {args.calls} calls; "
-          "outputs checked against the f32 product")
+    print(
+        f"{ng}× {kind}, jax {jax.__version__}, bf16 C, median of {args.repeats} × {args.calls} calls; "
+        "outputs checked against the f32 product"
+    )
     print(table)
     if args.record:
-        record(f"sharded gemm_amax, weak scaling on {ng}× {kind}",
-               f"`python benchmarks/bench_sharded.py --calls {args.calls} --repeats {args.repeats}`"
-               f" (jax {jax.__version__}); MXFP8 e4m3, bf16 C, {s}³ of work per GPU.", table)
+        record(
+            f"sharded gemm_amax, weak scaling on {ng}× {kind}",
+            f"`python benchmarks/bench_sharded.py --calls {args.calls} --repeats {args.repeats}`"
+            f" (jax {jax.__version__}); MXFP8 e4m3, bf16 C, {s}³ of work per GPU.",
+            table,
+        )
 
 
 if __name__ == "__main__":

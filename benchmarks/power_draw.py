@@ -30,7 +30,10 @@ def phases(m, n, k):
     qb, sfb = jga.quantize(w, "mxfp8_e4m3")
     ours = jax.jit(lambda a, b, sa, sb: jga.gemm_amax(a, b, sa, sb, c_dtype=jnp.bfloat16))
     cublas = jax.jit(lambda a, b: jnp.dot(a, b.T))
-    runs = {"gemm_amax bf16": (ours, (qa, qb, sfa, sfb)), "cuBLAS bf16": (cublas, (x.astype(jnp.bfloat16), w.astype(jnp.bfloat16)))}
+    runs = {
+        "gemm_amax bf16": (ours, (qa, qb, sfa, sfb)),
+        "cuBLAS bf16": (cublas, (x.astype(jnp.bfloat16), w.astype(jnp.bfloat16))),
+    }
     for fn, args in runs.values():
         jax.block_until_ready(fn(*args))  # compile outside the timed phases
     return runs
@@ -74,8 +77,11 @@ def main():
     m, n, k = (int(v) for v in args.shape.split("x"))
     runs = phases(m, n, k)
     log = tempfile.NamedTemporaryFile("w+", suffix=".csv", delete=False)
-    smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={SMI_FIELDS}", "--format=csv,noheader", "-lms", "250", "-i", "0"],
-                           stdout=log, stderr=subprocess.DEVNULL)
+    smi = subprocess.Popen(
+        ["nvidia-smi", f"--query-gpu={SMI_FIELDS}", "--format=csv,noheader", "-lms", "250", "-i", "0"],
+        stdout=log,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         results = []
         for name in list(runs) * 2:
@@ -97,8 +103,10 @@ def main():
         clocks = [s[1] for s in inside]
         watts = [s[2] for s in inside]
         reasons = " ".join(sorted({s[3] for s in inside}))
-        print(f"| {name} | {tflops:.0f} | {sum(clocks) / len(clocks):.0f} / {min(clocks):.0f} | "
-              f"{sum(watts) / len(watts):.0f} | {reasons} |")
+        print(
+            f"| {name} | {tflops:.0f} | {sum(clocks) / len(clocks):.0f} / {min(clocks):.0f} | "
+            f"{sum(watts) / len(watts):.0f} | {reasons} |"
+        )
 
 
 if __name__ == "__main__":

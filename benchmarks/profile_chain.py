@@ -24,13 +24,22 @@ import collections
 
 import jax
 import jax.numpy as jnp
+from bench_gemm import (  # this directory is on sys.path when run as a script
+    build_candidates,
+    chain_operands,
+    chained,
+    profile,
+    timed_rounds,
+)
 
 import jax_gemm_amax as jga
-from bench_gemm import build_candidates, chain_operands, chained, profile, timed_rounds  # this directory is on sys.path when run as a script
-
 
 # The peers, as bench_gemm.py names its candidates (the same jitted functions are profiled).
-PEERS = {"gemm_amax": "gemm_amax bf16", "dequant": "XLA dequant→bf16 dot→amax", "cublas": "bf16 dot, no scales (cuBLAS)"}
+PEERS = {
+    "gemm_amax": "gemm_amax bf16",
+    "dequant": "XLA dequant→bf16 dot→amax",
+    "cublas": "bf16 dot, no scales (cuBLAS)",
+}
 
 
 def build(peer, m, n, k, calls):
@@ -62,7 +71,9 @@ def summarize(planes, top, timeline):
                 events.sort(key=lambda e: e.start_ns)
                 print("   first events (start us, duration us, name):")
                 for e in events[:24]:
-                    print(f"     {(e.start_ns - events[0].start_ns) / 1e3:8.1f} {e.duration_ns / 1e3:7.1f} {e.name[:80]}")
+                    print(
+                        f"     {(e.start_ns - events[0].start_ns) / 1e3:8.1f} {e.duration_ns / 1e3:7.1f} {e.name[:80]}"
+                    )
 
 
 def main():
@@ -80,9 +91,11 @@ def main():
     fn, ops = build(args.peer, m, n, k, args.calls)
     share = {}
     t, _ = timed_rounds({args.peer: fn}, ops, calls=5, repeats=7, enqueue_share=share)[args.peer]
-    print(f"{args.peer} {args.shape}, {args.calls} per jitted call: {t * 1e6:.0f} us per jitted call, "
-          f"{t / args.calls * 1e6:.1f} us per operation ({jax.devices()[0].device_kind}); "
-          f"{share[args.peer]:.0%} of it enqueueing the calls (near 100%: host-bound)")
+    print(
+        f"{args.peer} {args.shape}, {args.calls} per jitted call: {t * 1e6:.0f} us per jitted call, "
+        f"{t / args.calls * 1e6:.1f} us per operation ({jax.devices()[0].device_kind}); "
+        f"{share[args.peer]:.0%} of it enqueueing the calls (near 100%: host-bound)"
+    )
     data = profile(fn, ops, args.traced)
     if data is None:
         raise SystemExit("jax.profiler wrote no trace")

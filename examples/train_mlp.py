@@ -56,15 +56,17 @@ def main():
     parser.add_argument("--hidden", type=int, default=512, help="hidden width (default 512)")
     parser.add_argument("--d-in", type=int, default=64, help="input features (default 64)")
     parser.add_argument("--classes", type=int, default=16, help="number of classes (default 16)")
-    parser.add_argument("--lr", type=float, default=3e-3,
-                        help="peak Adam learning rate, warm-up then cosine decay (default 3e-3)")
+    parser.add_argument(
+        "--lr", type=float, default=3e-3, help="peak Adam learning rate, warm-up then cosine decay (default 3e-3)"
+    )
     parser.add_argument("--fmt", default="mxfp8_e4m3", help="MXLinear forward format (default mxfp8_e4m3)")
     parser.add_argument("--grad-fmt", default="mxfp8_e4m3", help="MXLinear backward format (default mxfp8_e4m3)")
     parser.add_argument("--warmup", type=int, default=5, help="steps left out of the step-time median (default 5)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--print-every", type=int, default=1, help="print the losses every N steps (default 1)")
     parser.add_argument(
-        "--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "train_mlp.png"),
+        "--out",
+        default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "train_mlp.png"),
         help="PNG path for the loss plot (default: examples/train_mlp.png next to this script)",
     )
     args = parser.parse_args()
@@ -86,8 +88,15 @@ def main():
     names = ("fp32 nnx.Linear", f"{args.fmt} MXLinear")
     models = (
         MLP(nnx.Linear, args.d_in, args.hidden, args.classes, rngs=nnx.Rngs(args.seed)),
-        MLP(MXLinear, args.d_in, args.hidden, args.classes, rngs=nnx.Rngs(args.seed),
-            fmt=args.fmt, grad_fmt=args.grad_fmt),
+        MLP(
+            MXLinear,
+            args.d_in,
+            args.hidden,
+            args.classes,
+            rngs=nnx.Rngs(args.seed),
+            fmt=args.fmt,
+            grad_fmt=args.grad_fmt,
+        ),
     )
     # Same seed, same initializers: the two models start from identical weights.
     for a, b in zip(jax.tree.leaves(nnx.state(models[0], nnx.Param)), jax.tree.leaves(nnx.state(models[1], nnx.Param))):
@@ -139,7 +148,7 @@ def main():
         nnx.update((model, opt), state)  # the trained weights (and amax state) back into the modules
     last_amax = [float(layer.output_amax[...]) for layer in models[1].layers]  # before the evaluation calls
     held_out = [make_batch(10**6 + i) for i in range(8)]  # batches no step trained on
-    ms = [1e3 * statistics.median(t[args.warmup:]) for t in times]
+    ms = [1e3 * statistics.median(t[args.warmup :]) for t in times]
     window = max(1, args.steps // 10)
     print("\nsummary")
     for i, name in enumerate(names):
@@ -150,14 +159,18 @@ def main():
         )
     gap = np.abs(np.array(losses[1]) - np.array(losses[0])) / np.array(losses[0])
     print(f"  relative loss gap |MX - fp32| / fp32 over the last {window} steps: mean {gap[-window:].mean():.4f}")
-    print("  MXLinear output amax (OutputAmax) of the last training step, per layer: "
-          + ", ".join(f"{a:.3g}" for a in last_amax))
+    print(
+        "  MXLinear output amax (OutputAmax) of the last training step, per layer: "
+        + ", ".join(f"{a:.3g}" for a in last_amax)
+    )
 
     print("\nmarkdown (benchmarks/RESULTS.md):")
     print(f"| device | model | {names[0]} step (ms) | {names[1]} step (ms) | MX / fp32 |")
     print("|---|---|---|---|---|")
-    print(f"| {device.device_kind} ({jax.default_backend()}) | {shape}, train step (fwd+bwd+Adam) "
-          f"| {ms[0]:.3f} | {ms[1]:.3f} | {ms[1] / ms[0]:.2f}x |")
+    print(
+        f"| {device.device_kind} ({jax.default_backend()}) | {shape}, train step (fwd+bwd+Adam) "
+        f"| {ms[0]:.3f} | {ms[1]:.3f} | {ms[1] / ms[0]:.2f}x |"
+    )
 
     import matplotlib
 
@@ -177,8 +190,14 @@ def main():
     steps = np.arange(args.steps)
     for i, (name, color, style) in enumerate(zip(names, ("tab:blue", "tab:orange"), ("-", "--"))):
         ax.plot(steps, losses[i], color=color, alpha=0.2, linewidth=0.7)
-        ax.plot(steps, trailing_mean(losses[i], smooth_w), color=color, linestyle=style, linewidth=1.6,
-                label=f"{name} ({smooth_w}-step mean)")
+        ax.plot(
+            steps,
+            trailing_mean(losses[i], smooth_w),
+            color=color,
+            linestyle=style,
+            linewidth=1.6,
+            label=f"{name} ({smooth_w}-step mean)",
+        )
     ax.set_yscale("log")
     ax.set_ylabel("cross-entropy loss")
     ax.set_title(f"{shape}, same seed and batches ({jax.default_backend()})", fontsize=10)

@@ -89,17 +89,18 @@ NB_MODULE(_jax_gemm_amax, m) {
   // The device workspace a call is offered (the JAX lowering sizes the custom call's workspace
   // result with it): the rule of the current GPU's architecture or, without a usable GPU, the
   // largest over the architectures built; 0 without CUDA. No GPU needed.
-  m.def("workspace_bytes", [](int64_t batch, int64_t m, int64_t n, int64_t k, const std::string& operand_dtype,
-                              const std::string& scale_dtype, int32_t sf_vec_size, bool offer_copies) -> size_t {
-    const jga::GemmAmaxProblem p = HostProblem(batch, m, n, k, operand_dtype, scale_dtype, sf_vec_size);
+  m.def("workspace_bytes",
+        [](int64_t batch, int64_t m, int64_t n, int64_t k, const std::string& operand_dtype,
+           const std::string& scale_dtype, int32_t sf_vec_size, bool offer_copies) -> size_t {
+          const jga::GemmAmaxProblem p = HostProblem(batch, m, n, k, operand_dtype, scale_dtype, sf_vec_size);
 #if JGA_WITH_CUDA
-    return jga::CudaWorkspaceBytes(p, offer_copies);
+          return jga::CudaWorkspaceBytes(p, offer_copies);
 #else
     (void)p;
     (void)offer_copies;
     return 0;
 #endif
-  });
+        });
 #if JGA_WITH_CUDA
   // For tests: the plan the SM90 kernel picks with a given workspace on the current device (sms > 0:
   // a GPU with that many SMs, no device needed); raises unless the kernel takes the problem.

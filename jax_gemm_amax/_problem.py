@@ -199,8 +199,10 @@ def _check_cudnn_tuning(mma_tiler_mn, cluster_shape_mn, problem: Problem) -> tup
             raise ValueError(f"cluster_shape_mn: {name} must be one of {CLUSTER_VALUES}, got {v}")
     if problem.fp4 and tile_n == 256 and problem.k <= 128:
         raise NotImplementedError("mma_tiler_mn: FP4 a/b with TILE_N = 256 requires K > 128")
-    if (tile_m, tile_n) == (128, 256) and problem.sf_vec_size == 16 and problem.c_dtype in (
-        np.dtype(np.float32), np.dtype(jnp.float16), np.dtype(jnp.bfloat16)
+    if (
+        (tile_m, tile_n) == (128, 256)
+        and problem.sf_vec_size == 16
+        and problem.c_dtype in (np.dtype(np.float32), np.dtype(jnp.float16), np.dtype(jnp.bfloat16))
     ):
         raise NotImplementedError(
             "mma_tiler_mn=(128, 256) with sf_vec_size=16 and a float32/float16/bfloat16 c is not supported"
@@ -224,7 +226,9 @@ def check_problem(
     if a.ndim not in (2, 3):
         raise ValueError(f"a: must be (M, K) or (L, M, K), got shape {tuple(a.shape)}")
     if b.ndim != a.ndim:
-        raise ValueError(f"b: must have a's rank {a.ndim} ({'(N, K)' if a.ndim == 2 else '(L, N, K)'}), got shape {tuple(b.shape)}")
+        raise ValueError(
+            f"b: must have a's rank {a.ndim} ({'(N, K)' if a.ndim == 2 else '(L, N, K)'}), got shape {tuple(b.shape)}"
+        )
     batch = None if a.ndim == 2 else a.shape[0]
     if batch is not None and b.shape[0] != batch:
         raise ValueError(f"b: batch L must match a's ({batch}), got shape {tuple(b.shape)}")
@@ -239,13 +243,16 @@ def check_problem(
         raise TypeError("sfb: b's scales are required, got None")
     if weight_only:
         if sfa is not None:
-            raise TypeError(f"sfa: must be None for {a_dtype.name} a (weight-only: a is not scaled), "
-                            f"got an array of dtype {np.dtype(sfa.dtype).name}")
+            raise TypeError(
+                f"sfa: must be None for {a_dtype.name} a (weight-only: a is not scaled), "
+                f"got an array of dtype {np.dtype(sfa.dtype).name}"
+            )
         sf_dtype = check_dtype(sfb, SCALE_DTYPES, "sfb")
     else:
         if sfa is None:
-            raise TypeError(f"sfa: {a_dtype.name} a needs its scales; only bfloat16/float16 a "
-                            "(weight-only) take sfa=None")
+            raise TypeError(
+                f"sfa: {a_dtype.name} a needs its scales; only bfloat16/float16 a (weight-only) take sfa=None"
+            )
         sf_dtype = check_dtype(sfa, SCALE_DTYPES, "sfa")
         if np.dtype(sfb.dtype) != sf_dtype:
             raise TypeError(f"sfb: dtype must match sfa ({sf_dtype.name}), got {np.dtype(sfb.dtype).name}")

@@ -205,8 +205,17 @@ def _core(a, b, sfa, sfb, *, a_perm, b_perm, cudnn_c, c_major, **kwargs):
 
 _core_jit = jax.jit(
     _core,
-    static_argnames=("a_perm", "b_perm", "cudnn_c", "c_major", "c_dtype", "sf_vec_size", "acc_dtype",
-                     "mma_tiler_mn", "cluster_shape_mn"),
+    static_argnames=(
+        "a_perm",
+        "b_perm",
+        "cudnn_c",
+        "c_major",
+        "c_dtype",
+        "sf_vec_size",
+        "acc_dtype",
+        "mma_tiler_mn",
+        "cluster_shape_mn",
+    ),
 )
 
 
@@ -220,7 +229,9 @@ def _static(c_dtype, c_major, acc_dtype, mma_tiler_mn, cluster_shape_mn, sf_vec_
             "c_major: packed FP4 c (uint8 / float4_e2m1fn_x2, packed along N) must be n-major (c_major='n')"
         )
     return dict(
-        c_dtype=c, c_major=c_major, acc_dtype=_dtype(acc_dtype, "acc_dtype"),
+        c_dtype=c,
+        c_major=c_major,
+        acc_dtype=_dtype(acc_dtype, "acc_dtype"),
         mma_tiler_mn=check_int_pair(mma_tiler_mn, "mma_tiler_mn"),
         cluster_shape_mn=check_int_pair(cluster_shape_mn, "cluster_shape_mn"),
         sf_vec_size=check_sf_vec_size(sf_vec_size),
@@ -343,8 +354,9 @@ def gemm_amax_jax_sm100(
     a_op, b_op = _operand(a, "a", "M"), _operand(b, "b", "N")
     sfa_op, sfb_op = _scales(sfa, "sfa"), _scales(sfb, "sfb")
     static = _static(c_dtype, c_major, acc_dtype, mma_tiler_mn, cluster_shape_mn, sf_vec_size)
-    c, amax = _core(a_op.array, b_op.array, sfa_op.array, sfb_op.array,
-                    a_perm=a_op.perm, b_perm=b_op.perm, cudnn_c=True, **static)
+    c, amax = _core(
+        a_op.array, b_op.array, sfa_op.array, sfb_op.array, a_perm=a_op.perm, b_perm=b_op.perm, cudnn_c=True, **static
+    )
     return GemmAmaxResult(c, amax)
 
 
@@ -392,8 +404,16 @@ def gemm_amax_wrapper_sm100(
     a_op, b_op = _operand(a_tensor, "a_tensor", "M"), _operand(b_tensor, "b_tensor", "N")
     sfa_op, sfb_op = _scales(sfa_tensor, "sfa_tensor"), _scales(sfb_tensor, "sfb_tensor")
     cudnn_c = torch_tensor is None
-    c, amax = _core_jit(a_op.array, b_op.array, sfa_op.array, sfb_op.array,
-                        a_perm=a_op.perm, b_perm=b_op.perm, cudnn_c=cudnn_c, **static)
+    c, amax = _core_jit(
+        a_op.array,
+        b_op.array,
+        sfa_op.array,
+        sfb_op.array,
+        a_perm=a_op.perm,
+        b_perm=b_op.perm,
+        cudnn_c=cudnn_c,
+        **static,
+    )
     if torch_tensor is not None:
         c = _torch_c(c, c_major, _is_torch_fp4x2(c_dtype))
         amax = _torch().from_dlpack(amax)
@@ -462,8 +482,10 @@ class GemmAmaxSm100:
 
     def _inputs(self, a, b, sfa, sfb, prefix: str):
         return (
-            _operand(a, f"{prefix}a", "M"), _operand(b, f"{prefix}b", "N"),
-            _scales(sfa, f"{prefix}sfa"), _scales(sfb, f"{prefix}sfb"),
+            _operand(a, f"{prefix}a", "M"),
+            _operand(b, f"{prefix}b", "N"),
+            _scales(sfa, f"{prefix}sfa"),
+            _scales(sfb, f"{prefix}sfb"),
         )
 
     def _call_kwargs(self, ops):
@@ -476,8 +498,9 @@ class GemmAmaxSm100:
         if not hasattr(c, "dtype") or not hasattr(amax, "dtype"):
             raise TypeError("sample_c and sample_amax must be tensors or arrays")
         c_major = self._c_major(c)
-        self._static = _static(c.dtype, c_major, self.acc_dtype, self.mma_tiler_mn, self.cluster_shape_mn,
-                               self.sf_vec_size)
+        self._static = _static(
+            c.dtype, c_major, self.acc_dtype, self.mma_tiler_mn, self.cluster_shape_mn, self.sf_vec_size
+        )
         if self._torch_out:
             _check_no_unpacked_fp4_for_torch(self._static["c_dtype"])
         ops = self._inputs(self.sample_a, self.sample_b, self.sample_sfa, self.sample_sfb, "sample_")
@@ -510,11 +533,15 @@ class GemmAmaxSm100:
         self.sample_a = self.sample_b = self.sample_sfa = self.sample_sfb = None
         self.sample_c = self.sample_amax = None
 
-    def execute(self, a_tensor, b_tensor, sfa_tensor, sfb_tensor, c_tensor=None, amax_tensor=None,
-                current_stream=None) -> TupleDict:
+    def execute(
+        self, a_tensor, b_tensor, sfa_tensor, sfb_tensor, c_tensor=None, amax_tensor=None, current_stream=None
+    ) -> TupleDict:
         if self._compiled is None:
             raise RuntimeError("GemmAmaxSm100: kernel not compiled; call compile() first")
-        for name, x, (shape, dtype) in (("c_tensor", c_tensor, self._c_spec), ("amax_tensor", amax_tensor, self._amax_spec)):
+        for name, x, (shape, dtype) in (
+            ("c_tensor", c_tensor, self._c_spec),
+            ("amax_tensor", amax_tensor, self._amax_spec),
+        ):
             if not self._torch_out:
                 if x is not None:
                     raise TypeError(
@@ -526,8 +553,11 @@ class GemmAmaxSm100:
                 raise TypeError(f"{name}: expected a torch tensor like the sample, got {type(x).__name__}")
             elif (tuple(x.shape), str(x.dtype)) != (shape, dtype):
                 raise ValueError(f"{name}: expected {shape} {dtype} like the sample, got {tuple(x.shape)} {x.dtype}")
-        _check_stream(current_stream, "current_stream",
-                      _first_torch(c_tensor, amax_tensor, a_tensor, b_tensor, sfa_tensor, sfb_tensor))
+        _check_stream(
+            current_stream,
+            "current_stream",
+            _first_torch(c_tensor, amax_tensor, a_tensor, b_tensor, sfa_tensor, sfb_tensor),
+        )
         ops = self._inputs(a_tensor, b_tensor, sfa_tensor, sfb_tensor, "")
         names = ("a_tensor", "b_tensor", "sfa_tensor", "sfb_tensor")
         for name, op, sig, (shape, dtype, major) in zip(names, ops, self._signatures, self._cudnn_shapes):

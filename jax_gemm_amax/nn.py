@@ -63,8 +63,9 @@ class _Config:
 _WEIGHT_ONLY_N_MULTIPLE = 16  # C's rows 16-byte aligned for every float C dtype
 
 
-@functools.partial(jax.tree_util.register_dataclass, data_fields=["q", "scales"],
-                   meta_fields=["fmt", "in_features", "out_features"])
+@functools.partial(
+    jax.tree_util.register_dataclass, data_fields=["q", "scales"], meta_fields=["fmt", "in_features", "out_features"]
+)
 @dataclasses.dataclass(frozen=True)
 class PreparedWeight:
     """A weight ``w (in_features, out_features)`` quantized once along in_features for weight-only
@@ -99,7 +100,7 @@ def _weight_only_gemm(x, prepared: PreparedWeight, c_dtype):
     a = _pad_to(_activations_16(x), 1, _k_multiple(prepared.fmt))  # to the prepared K'
     sfv = formats.get_format(prepared.fmt).sf_vec_size
     c, amax = gemm_amax(a, prepared.q, None, prepared.scales, c_dtype=c_dtype, sf_vec_size=sfv)
-    return c[:, :prepared.out_features], amax
+    return c[:, : prepared.out_features], amax
 
 
 def _k_multiple(fmt: str) -> int:
@@ -165,8 +166,9 @@ _DIRECT_C_DTYPES = (np.dtype(np.float32), np.dtype(jnp.bfloat16), np.dtype(jnp.f
 _ACTIVATIONS = ("quantized", "bf16")
 
 
-def mx_matmul(x, w, *, fmt: str = "mxfp8_e4m3", grad_fmt: str = "mxfp8_e4m3", out_dtype=None,
-              activations: str = "quantized"):
+def mx_matmul(
+    x, w, *, fmt: str = "mxfp8_e4m3", grad_fmt: str = "mxfp8_e4m3", out_dtype=None, activations: str = "quantized"
+):
     """``y = x @ w`` with ``x (M, K)``, ``w (K, N)`` through :func:`gemm_amax`; returns ``(y, amax)``.
 
     Forward: ``x`` quantized to ``fmt`` along K, ``w`` along K (its first axis), GEMM with fp32
@@ -338,8 +340,9 @@ class MXLinear(nnx.Module):
     def _weight(self):
         if self.kernel_q is None:
             return self.kernel[...]
-        return PreparedWeight(self.kernel_q[...], self.kernel_scales[...], self.fmt, self.in_features,
-                              self.out_features)
+        return PreparedWeight(
+            self.kernel_q[...], self.kernel_scales[...], self.fmt, self.in_features, self.out_features
+        )
 
     def __call__(self, inputs) -> jax.Array:
         x = jnp.asarray(inputs)

@@ -39,6 +39,7 @@ class _Call:
     def kernel_c_dtype(self) -> np.dtype:
         """What the kernel writes: float4_e2m1fn C comes out packed in uint8 and is unpacked after."""
         return PACKED_FP4 if self.c_dtype == FP4_OPERAND else self.c_dtype
+
     tiler: tuple[int, int]
     cluster: tuple[int, int]
 
@@ -49,8 +50,16 @@ def _prepare(a, b, sfa, sfb, *, c_dtype, sf_vec_size, c_major, acc_dtype, mma_ti
     sfa = None if sfa is None else as_physical(sfa, batched, "sfa")
     sfb = None if sfb is None else as_physical(sfb, batched, "sfb")
     problem, tiler, cluster = check_problem(
-        a, b, sfa, sfb, c_dtype=c_dtype, sf_vec_size=sf_vec_size, acc_dtype=acc_dtype,
-        mma_tiler_mn=mma_tiler_mn, cluster_shape_mn=cluster_shape_mn, c_major=c_major,
+        a,
+        b,
+        sfa,
+        sfb,
+        c_dtype=c_dtype,
+        sf_vec_size=sf_vec_size,
+        acc_dtype=acc_dtype,
+        mma_tiler_mn=mma_tiler_mn,
+        cluster_shape_mn=cluster_shape_mn,
+        c_major=c_major,
     )
     if problem.weight_only and c_major == "m":
         # C^T = B A^T would need a block-scaled A and an unscaled B: not built.
@@ -121,15 +130,28 @@ def gemm_amax(
       mma_tiler_mn, cluster_shape_mn: the cuDNN frontend's tuning hints, validated; kernels may ignore them.
     """
     call = _prepare(
-        a, b, sfa, sfb, c_dtype=c_dtype, sf_vec_size=sf_vec_size, c_major=c_major, acc_dtype=acc_dtype,
-        mma_tiler_mn=mma_tiler_mn, cluster_shape_mn=cluster_shape_mn,
+        a,
+        b,
+        sfa,
+        sfb,
+        c_dtype=c_dtype,
+        sf_vec_size=sf_vec_size,
+        c_major=c_major,
+        acc_dtype=acc_dtype,
+        mma_tiler_mn=mma_tiler_mn,
+        cluster_shape_mn=cluster_shape_mn,
     )
     # C^T = B A^T: a transposed output is the same kernel with the operands swapped.
     a, b, sfa, sfb = (call.b, call.a, call.sfb, call.sfa) if c_major == "m" else (call.a, call.b, call.sfa, call.sfb)
     operands = (a, b, sfb) if sfa is None else (a, b, sfa, sfb)  # weight-only: no sfa operand
     c, amax = gemm_amax_p.bind(
-        *operands, c_dtype=call.kernel_c_dtype, sf_vec_size=sf_vec_size,
-        tile_m=call.tiler[0], tile_n=call.tiler[1], cluster_m=call.cluster[0], cluster_n=call.cluster[1],
+        *operands,
+        c_dtype=call.kernel_c_dtype,
+        sf_vec_size=sf_vec_size,
+        tile_m=call.tiler[0],
+        tile_n=call.tiler[1],
+        cluster_m=call.cluster[0],
+        cluster_n=call.cluster[1],
     )
     return _finish(call, c, amax)
 
@@ -155,8 +177,16 @@ def reference_gemm_amax(
     kept as a float32 fraction and an integer exponent and put together from the bits, so
     subnormal and extreme results come out as on the kernels."""
     call = _prepare(
-        a, b, sfa, sfb, c_dtype=c_dtype, sf_vec_size=sf_vec_size, c_major=c_major, acc_dtype=acc_dtype,
-        mma_tiler_mn=mma_tiler_mn, cluster_shape_mn=cluster_shape_mn,
+        a,
+        b,
+        sfa,
+        sfb,
+        c_dtype=c_dtype,
+        sf_vec_size=sf_vec_size,
+        c_major=c_major,
+        acc_dtype=acc_dtype,
+        mma_tiler_mn=mma_tiler_mn,
+        cluster_shape_mn=cluster_shape_mn,
     )
     acc = _block_scaled_sum(call.a, call.b, call.sfa, call.sfb, sf_vec_size)
     amax = _magnitude_max(acc, axis=(1, 2))
@@ -179,8 +209,13 @@ def weight_only_sum(a, b, sfb, sf_vec_size):
     def dot():
         if np.dtype(a.dtype) == np.dtype(jnp.bfloat16):
             return jnp.einsum("lmk,lnk->lmn", a, dequantized.astype(jnp.bfloat16), preferred_element_type=jnp.float32)
-        return jnp.einsum("lmk,lnk->lmn", formats.operand_values(a), dequantized,
-                          precision=jax.lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
+        return jnp.einsum(
+            "lmk,lnk->lmn",
+            formats.operand_values(a),
+            dequantized,
+            precision=jax.lax.Precision.HIGHEST,
+            preferred_element_type=jnp.float32,
+        )
 
     if np.dtype(sfb.dtype) == np.dtype(jnp.float8_e4m3fn):
         return dot()  # e2m1 x e4m3 values: at most 6 significant bits, within [2^-10, 2688]
@@ -282,15 +317,20 @@ def _block_scaled_sum(a, b, sfa, sfb, sf_vec_size):
         sa = jnp.full((batch, m, groups), 1.0 if sb.dtype == jnp.float32 else 127, sb.dtype)
     else:
         sa = _operand_scales(sfa, m, groups)
-    xs = (by_step(va.reshape(batch, m, groups, sf_vec_size)), by_step(vb.reshape(batch, n, groups, sf_vec_size)),
-          by_step(sa), by_step(sb))
+    xs = (
+        by_step(va.reshape(batch, m, groups, sf_vec_size)),
+        by_step(vb.reshape(batch, n, groups, sf_vec_size)),
+        by_step(sa),
+        by_step(sb),
+    )
 
     def step(carry, x):
         s, r, special = carry
         xa, xb, xsa, xsb = x
         xf, xe = _combined_scales(xsa, xsb)
-        dot = jnp.einsum("lmgk,lngk->lmng", xa, xb, precision=jax.lax.Precision.HIGHEST,
-                         preferred_element_type=jnp.float32)
+        dot = jnp.einsum(
+            "lmgk,lngk->lmng", xa, xb, precision=jax.lax.Precision.HIGHEST, preferred_element_type=jnp.float32
+        )
         term = dot * xf  # exact for e8m0 (f = 1); one rounding for the e4m3 product, as the kernels
         frac, frac_e = _fraction_exponent(term)
         live = jnp.isfinite(term) & (term != 0)
@@ -298,10 +338,14 @@ def _block_scaled_sum(a, b, sfa, sfb, sf_vec_size):
         special = special + jnp.sum(jnp.where(jnp.isfinite(term), 0.0, term), axis=-1)
         r_new = jnp.maximum(r, jnp.max(exponent, axis=-1))
         s = _times_pow2(s, r - r_new) + jnp.sum(
-            _times_pow2(jnp.where(live, frac, 0.0), exponent - r_new[..., None]), axis=-1)
+            _times_pow2(jnp.where(live, frac, 0.0), exponent - r_new[..., None]), axis=-1
+        )
         return (s, r_new, special), None
 
-    init = (jnp.zeros((batch, m, n), jnp.float32), jnp.full((batch, m, n), _NO_TERM, jnp.int32),
-            jnp.zeros((batch, m, n), jnp.float32))
+    init = (
+        jnp.zeros((batch, m, n), jnp.float32),
+        jnp.full((batch, m, n), _NO_TERM, jnp.int32),
+        jnp.zeros((batch, m, n), jnp.float32),
+    )
     (s, r, special), _ = jax.lax.scan(step, init, xs)
     return jnp.where(special == 0, _ldexp(s, r), special)

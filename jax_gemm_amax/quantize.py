@@ -10,10 +10,18 @@ import numpy as np
 
 from . import formats
 from ._problem import (
-    FP4_OPERAND, OPERAND_DTYPES, PACKED_FP4, SCALE_DTYPES, canonical_dtype, check_dtype, check_quantize,
-    check_sf_vec_size, is_fp4, scale_shape,
+    FP4_OPERAND,
+    OPERAND_DTYPES,
+    PACKED_FP4,
+    SCALE_DTYPES,
+    canonical_dtype,
+    check_dtype,
+    check_quantize,
+    check_sf_vec_size,
+    is_fp4,
+    scale_shape,
 )
-from .layout import as_physical, plain_from_physical, physical_from_plain
+from .layout import as_physical, physical_from_plain, plain_from_physical
 from .primitives.quantize import COLS, ROWS, quantize_p
 
 __all__ = ["quantize", "quantize_pair", "dequantize"]

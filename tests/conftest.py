@@ -1,6 +1,6 @@
 import os
-import zlib
 import sys
+import zlib
 
 import jax
 import numpy as np

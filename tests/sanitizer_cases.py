@@ -12,10 +12,10 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 import jax  # noqa: E402
 import ml_dtypes  # noqa: E402
+import npref  # noqa: E402
 import numpy as np  # noqa: E402
 
 import jax_gemm_amax as jga  # noqa: E402
-import npref  # noqa: E402
 
 rng = np.random.default_rng(7)
 cases = [
@@ -48,8 +48,8 @@ quantize_cases = [  # (format, input dtype, mode, x shape): rows/K not multiples
 ]
 for fmt, dtype, mode, shape in quantize_cases:
     x = jax.numpy.asarray(rng.standard_normal(shape).astype(np.float32)).astype(dtype)
-    got = jax.jit(lambda v: quantize_p.bind(v, fmt=fmt, mode=mode))(x)
-    want = jax.jit(lambda v: quantize_jnp(v, fmt, mode))(x)
+    got = jax.jit(lambda v, fmt=fmt, mode=mode: quantize_p.bind(v, fmt=fmt, mode=mode))(x)
+    want = jax.jit(lambda v, fmt=fmt, mode=mode: quantize_jnp(v, fmt, mode))(x)
     for g, w in zip(got, want):
         assert np.array_equal(np.asarray(g).view(np.uint8), np.asarray(w).view(np.uint8)), (fmt, dtype, mode, shape)
     print(f"quantize {fmt} {dtype} mode {mode} {shape}: ok on {jax.devices()[0].device_kind}", flush=True)

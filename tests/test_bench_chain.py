@@ -31,6 +31,7 @@ def test_every_repeat_of_a_chain_is_compiled(name, op, live_outputs):
     C[0, 0] (+ amax) of that repeat's own output."""
     if jax.default_backend() != "cpu":
         pytest.skip("counts ops in the CPU executable")
+
     def operands(seed):  # each repeat its own values, so that a value from the wrong repeat shows
         x = jax.random.normal(jax.random.key(2 * seed), (128, 256))
         w = jax.random.normal(jax.random.key(2 * seed + 1), (128, 256))
@@ -55,6 +56,7 @@ def test_every_repeat_of_a_chain_is_compiled(name, op, live_outputs):
 def test_scan_form_runs_every_slice(name):
     """bench_gemm --scan: iteration i computes slice i of the stacked operands (each slice its own
     values here), and the timed form returns the sum of every iteration's C[0, 0] (+ amax)."""
+
     def operands(seed):
         x = jax.random.normal(jax.random.key(2 * seed), (128, 256))
         w = jax.random.normal(jax.random.key(2 * seed + 1), (128, 256))
@@ -98,6 +100,7 @@ def test_candidates_take_turns_and_get_their_own_medians(monkeypatch):
         return fn
 
     fns = {"slow": candidate("slow", 1e-3), "fast": candidate("fast", 1e-5)}
+
     def wait(x):  # the wait for the last call: 40 us of device time on the fake clock
         clock[0] += 4e-5
         return x
@@ -120,8 +123,11 @@ def test_shapes_carry_their_own_chain(monkeypatch, capsys):
     assert bench_gemm.parse_shapes("1x2x3,4x5x6:7", 2) == [(1, 2, 3, 2), (4, 5, 6, 7)]
     assert [chain for *_, chain in bench_gemm.parse_shapes(bench_gemm.GPU_SHAPES, 1)] == [1, 1, 1, 1, 20, 20]
     for form in ([], ["--scan"]):
-        monkeypatch.setattr(sys, "argv", ["bench_gemm.py", "--shapes", "128x128x256,128x128x256:2", "--calls", "1",
-                                          "--repeats", "1", *form])
+        monkeypatch.setattr(
+            sys,
+            "argv",
+            ["bench_gemm.py", "--shapes", "128x128x256,128x128x256:2", "--calls", "1", "--repeats", "1", *form],
+        )
         bench_gemm.main()
         out = capsys.readouterr().out
         label = "scan" if form else "chain"
@@ -133,7 +139,7 @@ def test_output_check_fails_off_its_tolerance():
     an amax to its candidate's tolerance (XLA's path, whose amax is of bf16 C: 2^-8; the fused ones
     1e-5), and a candidate without amax (the bar) is checked on C alone."""
     xla, ours, bar = "XLA dequant→bf16 dot→amax", "gemm_amax bf16", "bf16 dot, no scales (cuBLAS)"
-    assert bench_gemm.amax_tolerance(xla) == 2.0 ** -8
+    assert bench_gemm.amax_tolerance(xla) == 2.0**-8
     assert bench_gemm.amax_tolerance(ours) == bench_gemm.amax_tolerance("jax.nn.scaled_matmul f32 + amax") == 1e-5
     c = jax.random.normal(jax.random.key(0), (64, 32))
     ref = (c, float(jnp.max(jnp.abs(c))))
@@ -154,7 +160,9 @@ def test_xla_path_dequantizes_exactly(fmt):
     """The bench's XLA path (dequant_bf16: codes and scales in bf16, FP4 unpacked by a bitcast) gives
     the library's dequantization exactly, element for element, in every format (nibble order
     included): the baseline computes the same operands as ours, only slower or faster."""
-    x = jax.random.normal(jax.random.key(1), (128, 256)) * jnp.exp2(jax.random.randint(jax.random.key(2), (128, 1), -20, 20))
+    x = jax.random.normal(jax.random.key(1), (128, 256)) * jnp.exp2(
+        jax.random.randint(jax.random.key(2), (128, 1), -20, 20)
+    )
     q, sf = jga.quantize(x, fmt)
     sfv = jga.FORMATS[fmt].sf_vec_size
     got = bench_gemm.dequant_bf16(q, sf, sfv)
@@ -173,8 +181,15 @@ def test_gpu_work_counts_stream_events_once():
 
     planes = [
         NS(name="/host:CPU", lines=[line("python", 10_000)]),
-        NS(name="/device:GPU:0", lines=[line("Stream #13(Compute)", 300, 200), line("XLA Ops", 500),
-                                         line("XLA Modules", 700), line("Stream #14(MemcpyD2D)", 40)]),
+        NS(
+            name="/device:GPU:0",
+            lines=[
+                line("Stream #13(Compute)", 300, 200),
+                line("XLA Ops", 500),
+                line("XLA Modules", 700),
+                line("Stream #14(MemcpyD2D)", 40),
+            ],
+        ),
         NS(name="/device:GPU:1", lines=[line("Stream #20(Compute)", 7)]),
     ]
     assert bench_gemm.stream_busy_ns(planes) == 547
@@ -202,7 +217,22 @@ def test_gpu_work_of_a_call_is_measured_on_a_gpu_only():
 def test_layer_benchmark_runs_and_its_candidates_agree(monkeypatch, capsys, act_dtype):
     """bench_layer.main on a tiny stack: it asserts that one layer of ours matches the XLA
     dequantize path's within 2^-7, and prints a row per size."""
-    monkeypatch.setattr(sys, "argv", ["bench_layer.py", "--sizes", "128x256", "--layers", "2", "--calls", "1", "--repeats", "1",
-                                      "--act-dtype", act_dtype])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "bench_layer.py",
+            "--sizes",
+            "128x256",
+            "--layers",
+            "2",
+            "--calls",
+            "1",
+            "--repeats",
+            "1",
+            "--act-dtype",
+            act_dtype,
+        ],
+    )
     bench_layer.main()
     assert "| 128 × 256 |" in capsys.readouterr().out

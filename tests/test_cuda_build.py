@@ -244,7 +244,8 @@ def test_quantize_kernels_use_no_local_memory(tools, binary, arch):
         _skip_or_fail("nvdisasm not found (cuobjdump -sass needs it): pip install nvidia-cuda-nvdisasm")
     sass = _run([cuobjdump, "-sass", "-arch", arch, binary], env)
     kernels = {
-        name: body for name, body in _sass_by_function(sass).items()
+        name: body
+        for name, body in _sass_by_function(sass).items()
         if "8quantize" in name and ("RowKernel" in name or "TileKernel" in name)
     }
     assert len(kernels) == 36, f"expected 36 quantize kernels for {arch}, found {sorted(kernels)}"

@@ -6,11 +6,11 @@ import re
 import jax
 import jax.numpy as jnp
 import pytest
+from sm90_plans import lowering_plan
 
 import jax_gemm_amax as jga
 from jax_gemm_amax import _ffi
 from jax_gemm_amax.primitives.gemm_amax import _cuda_workspace_bytes
-from sm90_plans import lowering_plan
 
 E4M3, E8M0 = jnp.float8_e4m3fn, jnp.float8_e8m0fnu
 
@@ -77,13 +77,16 @@ def test_workspace_counts_every_batch_item():
     assert _cuda_workspace_bytes(2, 4096, 4096, 4096, E4M3, E8M0, 32) == 2 * 2 * 4096 * 4096 * 2
 
 
-@pytest.mark.parametrize("m,n,k,copy_a,copy_b", [
-    (2048, 768, 8192, True, True),      # B' from 2048 rows on, A' from 768 columns (the plan decides)
-    (2047, 760, 8192, False, False),    # just below both (N a multiple of 8: bf16 C rows of 16 bytes)
-    (2048, 768, 1024, True, True),      # at any K
-    (8192, 512, 16384, False, True),    # B' alone
-    (1024, 768, 8192, True, False),     # A' alone
-])
+@pytest.mark.parametrize(
+    "m,n,k,copy_a,copy_b",
+    [
+        (2048, 768, 8192, True, True),  # B' from 2048 rows on, A' from 768 columns (the plan decides)
+        (2047, 760, 8192, False, False),  # just below both (N a multiple of 8: bf16 C rows of 16 bytes)
+        (2048, 768, 1024, True, True),  # at any K
+        (8192, 512, 16384, False, True),  # B' alone
+        (1024, 768, 8192, True, False),  # A' alone
+    ],
+)
 def test_workspace_offers_copies_by_the_size_rule(monkeypatch, m, n, k, copy_a, copy_b):
     # The operands whose BF16 copies the kernel library asks room for (its cost model then decides
     # whether the plan converts them), seen through the workspace it asks for: the split-K area (what
@@ -103,37 +106,40 @@ def test_byte_scales_lower_like_e8m0(scale_dtype):
     assert _custom_call_results(4096, 4096, 4096, scale_dtype=scale_dtype) == _custom_call_results(4096, 4096, 4096)
 
 
-@pytest.mark.parametrize("m,n,k,plan", [
-    # the benchmark's six shapes
-    (8192, 8192, 8192, "256/1/0+AB"),
-    (4096, 4096, 4096, "256/1/0+AB"),
-    (16384, 8192, 1024, "256/1/0+AB"),
-    (2048, 28672, 8192, "256/1/0+A"),
-    (256, 8192, 8192, "256/2/0+A"),
-    (1024, 1024, 1024, "128/2/0"),
-    # each candidate priced with every operand choice (percentages below: the plan against the
-    # alternative named or the plan without the copy, taking turns in one process on an H200)
-    (3072, 3072, 1024, "256/1/0+AB"),
-    (8192, 2048, 1024, "256/1/0+AB"),
-    (384, 28672, 4096, "256/2/396+A"),
-    (512, 5120, 4096, "256/1/0+A"),
-    (768, 2048, 4096, "256/2/0+A"),     # split plans take A' where the main loop is long enough
-    (2048, 3072, 1024, "256/1/0+AB"),   # ... not at K = 1024 (A' lost 1.8%); the ping-pong A'B' +13%
-    (640, 8192, 1024, "128/2/264"),     # tile 256 with A' lost 7% here
-    (3072, 3072, 8192, "256/4/264+A"),  # tail splits of the same tiles: the cheaper wins outright
-    # A' offered from N = 768 (the model's A' plan against the plan without it)
-    (768, 1536, 16384, "256/2/0+A"),    # +12.8%
-    (1792, 1792, 4096, "256/1/0+A"),    # +5.9% over a tile-128 tail split
-    (3072, 1536, 8192, "256/4/132+A"),  # +7.5%
-    (2048, 1792, 8192, "256/1/0+A"),    # +3.5% over B'
-    (4096, 1536, 8192, "256/1/0+AB"),   # the tail split with A' +8.9%; the ping-pong A'B' +4.6% over it
-    (8192, 1792, 8192, "256/1/0+AB"),   # the tail split with A' +6.8% over B'; A'B' +6.6% over it
-    # the ping-pong A'B' kernel priced by its own waves
-    (3072, 6144, 2048, "256/1/0+AB"),   # +7.1% over the tail split with A'
-    (2048, 5120, 2048, "256/1/0+AB"),   # +7.6% over the tail split with A'
-    (6144, 1024, 4096, "256/1/0+AB"),   # +7.5% over 256/2/132 without copies
-    (6144, 1408, 4096, "256/1/0+B"),    # 11 column tiles: A'B' runs 12 in 2.5 waves, B' 2
-])
+@pytest.mark.parametrize(
+    "m,n,k,plan",
+    [
+        # the benchmark's six shapes
+        (8192, 8192, 8192, "256/1/0+AB"),
+        (4096, 4096, 4096, "256/1/0+AB"),
+        (16384, 8192, 1024, "256/1/0+AB"),
+        (2048, 28672, 8192, "256/1/0+A"),
+        (256, 8192, 8192, "256/2/0+A"),
+        (1024, 1024, 1024, "128/2/0"),
+        # each candidate priced with every operand choice (percentages below: the plan against the
+        # alternative named or the plan without the copy, taking turns in one process on an H200)
+        (3072, 3072, 1024, "256/1/0+AB"),
+        (8192, 2048, 1024, "256/1/0+AB"),
+        (384, 28672, 4096, "256/2/396+A"),
+        (512, 5120, 4096, "256/1/0+A"),
+        (768, 2048, 4096, "256/2/0+A"),  # split plans take A' where the main loop is long enough
+        (2048, 3072, 1024, "256/1/0+AB"),  # ... not at K = 1024 (A' lost 1.8%); the ping-pong A'B' +13%
+        (640, 8192, 1024, "128/2/264"),  # tile 256 with A' lost 7% here
+        (3072, 3072, 8192, "256/4/264+A"),  # tail splits of the same tiles: the cheaper wins outright
+        # A' offered from N = 768 (the model's A' plan against the plan without it)
+        (768, 1536, 16384, "256/2/0+A"),  # +12.8%
+        (1792, 1792, 4096, "256/1/0+A"),  # +5.9% over a tile-128 tail split
+        (3072, 1536, 8192, "256/4/132+A"),  # +7.5%
+        (2048, 1792, 8192, "256/1/0+A"),  # +3.5% over B'
+        (4096, 1536, 8192, "256/1/0+AB"),  # the tail split with A' +8.9%; the ping-pong A'B' +4.6% over it
+        (8192, 1792, 8192, "256/1/0+AB"),  # the tail split with A' +6.8% over B'; A'B' +6.6% over it
+        # the ping-pong A'B' kernel priced by its own waves
+        (3072, 6144, 2048, "256/1/0+AB"),  # +7.1% over the tail split with A'
+        (2048, 5120, 2048, "256/1/0+AB"),  # +7.6% over the tail split with A'
+        (6144, 1024, 4096, "256/1/0+AB"),  # +7.5% over 256/2/132 without copies
+        (6144, 1408, 4096, "256/1/0+B"),  # 11 column tiles: A'B' runs 12 in 2.5 waves, B' 2
+    ],
+)
 def test_h200_plans(m, n, k, plan):
     # The SM90 planner's pick on a 132-SM H200 with the workspace the lowering asks for (host
     # arithmetic): the plans the benchmarks measured, so that a planner change shows up here first.

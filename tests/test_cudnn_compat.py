@@ -8,11 +8,11 @@ import sys
 import jax
 import jax.numpy as jnp
 import ml_dtypes
+import npref
 import numpy as np
 import pytest
 
 import jax_gemm_amax as jga
-import npref
 from jax_gemm_amax import GemmAmaxSm100, TupleDict, gemm_amax_jax_sm100, gemm_amax_wrapper_sm100
 
 E8M0 = ml_dtypes.float8_e8m0fnu
@@ -57,8 +57,14 @@ def test_cudnn_jax_wrapper_snippet():
     # The cuDNN frontend's `cudart.cudaDeviceSynchronize()` follows here; XLA orders our call, so it is not needed.
 
     assert c.shape == (m, n, 1) and c.dtype == jnp.float32 and amax.shape == (1, 1, 1)
-    p = npref.RandomProblem(np.transpose(np.asarray(a), (2, 0, 1)), np.transpose(np.asarray(b), (2, 0, 1)),
-                            np.asarray(sfa), np.asarray(sfb), sf_vec_size, k)
+    p = npref.RandomProblem(
+        np.transpose(np.asarray(a), (2, 0, 1)),
+        np.transpose(np.asarray(b), (2, 0, 1)),
+        np.asarray(sfa),
+        np.asarray(sfb),
+        sf_vec_size,
+        k,
+    )
     check_cudnn_c(c, amax, p, "float32")
 
 
@@ -168,8 +174,18 @@ def test_class_with_jax_arrays(rng):
     a, b, sfa, sfb = cudnn_jax(p, logical_scales=True)
     c = jnp.zeros((136, 64, 2), jnp.float16)
     amax = jnp.zeros((1, 1, 1), jnp.float32)
-    op = GemmAmaxSm100(sample_a=a, sample_b=b, sample_sfa=sfa, sample_sfb=sfb, sample_c=c, sample_amax=amax,
-                       acc_dtype=jnp.float32, mma_tiler_mn=(128, 128), cluster_shape_mn=(1, 1), sf_vec_size=32)
+    op = GemmAmaxSm100(
+        sample_a=a,
+        sample_b=b,
+        sample_sfa=sfa,
+        sample_sfb=sfb,
+        sample_c=c,
+        sample_amax=amax,
+        acc_dtype=jnp.float32,
+        mma_tiler_mn=(128, 128),
+        cluster_shape_mn=(1, 1),
+        sf_vec_size=32,
+    )
     with pytest.raises(RuntimeError, match=r"call compile\(\) first"):
         op.execute(a, b, sfa, sfb, c, amax)
     assert op.check_support()
@@ -195,7 +211,9 @@ def test_class_with_jax_arrays_refuses_output_buffers_and_takes_the_default_stre
     c, amax = jnp.zeros((128, 64, 1), jnp.float32), jnp.full((1, 1, 1), -jnp.inf)
     op = GemmAmaxSm100(a, b, sfa, sfb, c, amax)
     op.compile()
-    must_be_none = r"with JAX samples, execute returns its outputs .* must be None, got ArrayImpl; read the result instead"
+    must_be_none = (
+        r"with JAX samples, execute returns its outputs .* must be None, got ArrayImpl; read the result instead"
+    )
     with pytest.raises(TypeError, match=r"c_tensor: " + must_be_none):
         op.execute(a, b, sfa, sfb, c_tensor=c, amax_tensor=amax, current_stream=FakeCUstream(0))
     with pytest.raises(TypeError, match=r"c_tensor: " + must_be_none):
@@ -205,7 +223,9 @@ def test_class_with_jax_arrays_refuses_output_buffers_and_takes_the_default_stre
     for stream in (None, 0, np.int64(0), FakeCUstream(0)):
         c_out, amax_out = op.execute(a, b, sfa, sfb, current_stream=stream)
         check_cudnn_c(c_out, amax_out, p, "float32")
-    with pytest.raises(NotImplementedError, match=r"current_stream: JAX arrays run on XLA's own stream.*got handle 0x1234"):
+    with pytest.raises(
+        NotImplementedError, match=r"current_stream: JAX arrays run on XLA's own stream.*got handle 0x1234"
+    ):
         op.execute(a, b, sfa, sfb, current_stream=FakeCUstream(0x1234))
     with pytest.raises(TypeError, match=r"current_stream: expected a torch.cuda.Stream or a CUDA stream handle"):
         op.execute(a, b, sfa, sfb, current_stream="0")
@@ -251,8 +271,10 @@ def test_error_paths(rng):
         gemm_amax_wrapper_sm100(a, b, sfa, sfb, c_dtype="float5")
     with pytest.raises(NotImplementedError, match=r"stream: JAX arrays run on XLA's own stream"):
         gemm_amax_wrapper_sm100(a, b, sfa, sfb, stream=7)
-    np.testing.assert_array_equal(np.asarray(gemm_amax_wrapper_sm100(a, b, sfa, sfb, stream=FakeCUstream(0))[0]),
-                                  np.asarray(gemm_amax_wrapper_sm100(a, b, sfa, sfb)[0]))
+    np.testing.assert_array_equal(
+        np.asarray(gemm_amax_wrapper_sm100(a, b, sfa, sfb, stream=FakeCUstream(0))[0]),
+        np.asarray(gemm_amax_wrapper_sm100(a, b, sfa, sfb)[0]),
+    )
     with pytest.raises(ValueError, match=r"sfa: expected the physical 128x4 layout"):
         gemm_amax_wrapper_sm100(a, b, sfa[..., :2], sfb)
     with pytest.raises(ValueError, match=r"mma_tiler_mn: TILE_N must be one of"):

@@ -7,16 +7,18 @@ times 1 * 2^-127, a zero operand beside 2^127, subnormal results. float64 holds 
 these problems exactly, so the oracle's C rounded to fp32 is the answer, up to fp32 accumulation.
 """
 
+import jax
 import ml_dtypes
 import numpy as np
 import pytest
 
-import jax
 import jax_gemm_amax as jga
 
 # sm_90a converts each code x scale to BF16 on its own: NaN/Inf codes and scales beyond BF16's
 # reach are not yet carried there (the issue on sm_90a's non-finite codes and extreme scales).
-pytestmark = pytest.mark.xfail(jax.default_backend() == "gpu", reason="sm_90a: codes and scales are converted to BF16 per element", strict=False)
+pytestmark = pytest.mark.xfail(
+    jax.default_backend() == "gpu", reason="sm_90a: codes and scales are converted to BF16 per element", strict=False
+)
 import npref
 
 E8M0 = ml_dtypes.float8_e8m0fnu
@@ -86,6 +88,7 @@ def _uniform(shape, value, kind):
 # ---------------------------------------------------------------------------------------------
 # The issue's cases, exact.
 
+
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("kind", ["e4m3", "e5m2"])
 def test_huge_times_tiny_scale_is_exact(op, kind):
@@ -129,8 +132,10 @@ def test_zero_operand_beside_huge_scale_is_zero(op):
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize(
     "ea,eb,fp32_class",
-    [(-60, -70, "subnormal"),  # 64 * 2^-9 * 2^-9 * 2^-130 = 2^-142
-     (-127, 20, "normal")],  # 64 * 2^-9 * 2^-127 * 2^-9 * 2^20 = 2^-119, with an fp32-subnormal 2^-136 in A x SFA
+    [
+        (-60, -70, "subnormal"),  # 64 * 2^-9 * 2^-9 * 2^-130 = 2^-142
+        (-127, 20, "normal"),
+    ],  # 64 * 2^-9 * 2^-127 * 2^-9 * 2^20 = 2^-119, with an fp32-subnormal 2^-136 in A x SFA
     ids=["subnormal_product", "normal_product"],
 )
 def test_subnormal_values_times_small_scales(op, ea, eb, fp32_class):
@@ -149,6 +154,7 @@ def test_subnormal_values_times_small_scales(op, ea, eb, fp32_class):
 
 # ---------------------------------------------------------------------------------------------
 # Random data with random extreme scale bytes.
+
 
 def _random_values(rng, kind, batch, rows, k, nan_fraction=0.0):
     """Random operand bytes: FP8 around +-2 (e4m3 subnormal codes included), FP4 any code."""
@@ -177,9 +183,16 @@ def _e8m0_exponents(rng, regime, batch, m, n, groups):
         "huge": np.full(groups, huge),  # C up to ~2^110
         "subnormal": np.full(groups, subnormal),  # products about 2^-140: C an fp32 subnormal or just normal
     }[regime]
-    combined = np.choose(pick, [rng.integers(-4, 5, groups), rng.integers(-4, 5, groups),
-                                rng.integers(-160, -110, groups), rng.integers(60, 96, groups),
-                                rng.integers(-150, -132, groups)])
+    combined = np.choose(
+        pick,
+        [
+            rng.integers(-4, 5, groups),
+            rng.integers(-4, 5, groups),
+            rng.integers(-160, -110, groups),
+            rng.integers(60, 96, groups),
+            rng.integers(-150, -132, groups),
+        ],
+    )
     lo, hi = np.maximum(-127, combined - 127), np.minimum(127, combined + 127)
     offset = rng.integers(0, 4, groups)
     base_a = np.where(rng.random(groups) < 0.5, lo + offset, hi - offset)
@@ -212,8 +225,11 @@ def _random_problem(rng, fmt, regime, batch, m, n, k, nan_fraction=0.0):
     return a, b, npref.physical_scales(ca, sf_dtype), npref.physical_scales(cb, sf_dtype), sfv
 
 
-CASES = [(fmt, regime) for fmt in ("mxfp8_e4m3", "mxfp8_e5m2", "mxfp4", "mxfp4_16")
-         for regime in ("balanced", "mixed", "huge", "subnormal")] + [("nvfp4", "extreme")]
+CASES = [
+    (fmt, regime)
+    for fmt in ("mxfp8_e4m3", "mxfp8_e5m2", "mxfp4", "mxfp4_16")
+    for regime in ("balanced", "mixed", "huge", "subnormal")
+] + [("nvfp4", "extreme")]
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -253,6 +269,7 @@ def test_nan_only_from_nan_inputs(rng, op, fmt):
 
 # ---------------------------------------------------------------------------------------------
 # FP4 C has no NaN.
+
 
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("c_dtype", ["float4_e2m1fn", "uint8"])

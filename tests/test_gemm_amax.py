@@ -10,13 +10,13 @@ import textwrap
 import jax
 import jax.numpy as jnp
 import ml_dtypes
+import npref
 import numpy as np
 import pytest
+from sm90_plans import lowering_plan
 
 import jax_gemm_amax as jga
-import npref
 from jax_gemm_amax import _ffi
-from sm90_plans import lowering_plan
 
 E8M0 = ml_dtypes.float8_e8m0fnu
 E4M3 = ml_dtypes.float8_e4m3fn
@@ -202,7 +202,11 @@ def test_amax_is_taken_before_rounding(rng):
 
 
 def test_reference_matches_oracle(rng):
-    for kind, sf, sfv, c in [("e4m3", E8M0, 32, "bfloat16"), ("fp4", E4M3, 16, "uint8"), ("e5m2", E8M0, 32, "float8_e5m2")]:
+    for kind, sf, sfv, c in [
+        ("e4m3", E8M0, 32, "bfloat16"),
+        ("fp4", E4M3, 16, "uint8"),
+        ("e5m2", E8M0, 32, "float8_e5m2"),
+    ]:
         p = npref.random_problem(rng, kind, sf, sfv, 136, 64, 256, batch=2)
         a, b, sfa, sfb = _operands(p, "uint8" if kind == "fp4" else None, squeeze=False)
         _check(jga.reference_gemm_amax(a, b, sfa, sfb, c_dtype=c, sf_vec_size=sfv), p, c)
@@ -219,8 +223,14 @@ def test_tuning_hints_do_not_change_results(rng):
 
 @pytest.mark.parametrize(
     "kind,sf_dtype,sfv,m,n,k",
-    [("e4m3", E8M0, 32, 1, 72, 32), ("e4m3", E8M0, 32, 45, 40, 32), ("e5m2", E8M0, 32, 64, 64, 32),
-     ("fp4", E8M0, 32, 3, 40, 64), ("fp4", E4M3, 16, 45, 40, 32), ("e4m3", E8M0, 32, 1, 8, 96)],
+    [
+        ("e4m3", E8M0, 32, 1, 72, 32),
+        ("e4m3", E8M0, 32, 45, 40, 32),
+        ("e5m2", E8M0, 32, 64, 64, 32),
+        ("fp4", E8M0, 32, 3, 40, 64),
+        ("fp4", E4M3, 16, 45, 40, 32),
+        ("e4m3", E8M0, 32, 1, 8, 96),
+    ],
 )
 def test_short_k_and_few_rows(rng, kind, sf_dtype, sfv, m, n, k):
     # K shorter than one 128-byte K slab and single-row operands: the TMA boxes overhang.
@@ -267,8 +277,13 @@ def test_every_element_of_a_long_run(fmt, m, n, k):
 
 # Shapes whose plan on a 132-SM H200 pre-converts `pre` ("A", "B", "AB") with split-K or not, in
 # every format (test_preconversion_cases_get_their_plan checks that on any machine).
-PRECONVERT_CASES = [(4100, 760, 2080, "B", False), (1996, 3100, 1056, "A", False), (4100, 4100, 352, "AB", False),
-                    (3100, 2200, 2080, "AB", False), (250, 6000, 8192, "A", True)]
+PRECONVERT_CASES = [
+    (4100, 760, 2080, "B", False),
+    (1996, 3100, 1056, "A", False),
+    (4100, 4100, 352, "AB", False),
+    (3100, 2200, 2080, "AB", False),
+    (250, 6000, 8192, "A", True),
+]
 PRECONVERT_IDS = ["B", "A", "AB", "AB-long-K", "A-split-K"]
 
 
@@ -359,7 +374,11 @@ def test_independent_calls_in_concurrent_command_buffer_branches():
     env = dict(os.environ)
     env["XLA_FLAGS"] = "--xla_gpu_command_buffer_scheduling_mode=CONCURRENT --xla_gpu_graph_min_graph_size=1"
     run = subprocess.run(  # cwd: not the repository root, whose source tree would shadow the package
-        [sys.executable, "-c", _CONCURRENT_CALLS], capture_output=True, text=True, env=env, timeout=240,
+        [sys.executable, "-c", _CONCURRENT_CALLS],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
         cwd=os.path.dirname(os.path.abspath(__file__)),
     )
     assert run.returncode == 0 and run.stdout.strip().endswith("OK"), run.stdout + run.stderr[-4000:]

@@ -3,11 +3,11 @@
 import jax
 import jax.numpy as jnp
 import ml_dtypes
+import npref
 import numpy as np
 import pytest
 
 import jax_gemm_amax as jga
-import npref
 
 
 @pytest.mark.parametrize("rows,groups,batch", [(1, 1, None), (200, 10, None), (128, 4, 3), (300, 17, 2)])
@@ -81,7 +81,11 @@ def test_mx_codes_are_the_scaled_values_rounded(rng, fmt):
     x = (rng.standard_normal((96, 128)) * np.exp2(rng.integers(-40, 40, size=(96, 128)))).astype(np.float32)
     x[5, :32] = 0.0
     x[6, 32:64] = -0.0
-    halfway = {"mxfp8_e4m3": [1.0625, 2.125, 1.1875], "mxfp8_e5m2": [1.125, 2.25, 1.375], "mxfp4": [0.25, 1.25, 2.5, 5.0]}[fmt]
+    halfway = {
+        "mxfp8_e4m3": [1.0625, 2.125, 1.1875],
+        "mxfp8_e5m2": [1.125, 2.25, 1.375],
+        "mxfp4": [0.25, 1.25, 2.5, 5.0],
+    }[fmt]
     fmax = jga.FORMATS[fmt].max_value
     x[7, 0] = fmax * 8.0  # the block's amax: its scale is exactly 2^3
     x[7, 1:32] = np.resize(halfway, 31) * np.resize([8.0, -8.0], 31)
@@ -176,7 +180,9 @@ def test_non_finite_block_gets_a_nan_scale_that_reaches_c_and_amax(rng, fmt):
     codes0 = np.asarray(jga.plain_from_physical(sf0, rows, k // sfv)).view(np.uint8)
     nan_code = 0x7F if fmt == "nvfp4" else 0xFF
     np.testing.assert_array_equal(codes, np.where(mask, nan_code, codes0))
-    assert np.count_nonzero(np.asarray(sf).view(np.uint8) != np.asarray(sf0).view(np.uint8)) == mask.sum()  # padding too
+    assert (
+        np.count_nonzero(np.asarray(sf).view(np.uint8) != np.asarray(sf0).view(np.uint8)) == mask.sum()
+    )  # padding too
 
     # Values: other blocks bit for bit; the non-finite blocks hold their values at scale 1
     # (saturated, NaN kept where the format has one).

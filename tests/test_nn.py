@@ -30,7 +30,9 @@ from jax_gemm_amax.nn import AmaxHistory, MXLinear, OutputAmax, mx_matmul  # noq
 
 # Predicted relative error of a product of two quantized operands (see the module docstring).
 PREDICTED_REL_ERR = {"mxfp8_e4m3": np.sqrt(2) * 0.0265, "mxfp8_e5m2": np.sqrt(2) * 0.053}
-KERNEL_CALL = re.compile(r'call_target_name = "jax_gemm_amax_(?:cpu|cuda)"|custom_call @jax_gemm_amax_(?:cpu|cuda)\b')  # the GEMM, not quantize
+KERNEL_CALL = re.compile(
+    r'call_target_name = "jax_gemm_amax_(?:cpu|cuda)"|custom_call @jax_gemm_amax_(?:cpu|cuda)\b'
+)  # the GEMM, not quantize
 
 
 def _rel(a, b):
@@ -203,6 +205,7 @@ def test_backward_is_gemm_on_requantized_operands(rng, fmt, grad_fmt):
     x = jnp.asarray(rng.normal(size=(m_rows, in_f)), jnp.float32)
     w = jnp.asarray(rng.normal(size=(in_f, out_f)), jnp.float32)
     g = jnp.asarray(rng.normal(size=(m_rows, out_f)), jnp.float32)
+
     def loss(x, w):
         return jnp.sum(mx_matmul(x, w, fmt=fmt, grad_fmt=grad_fmt)[0] * g)
 
@@ -344,7 +347,7 @@ def test_vmap_ensemble_of_layers(rng):
     assert g["kernel"][...].shape == (3, 64, 32)
     for i in range(3):
         member = MXLinear(64, 32, rngs=nnx.Rngs(0))
-        nnx.update(member, jax.tree.map(lambda v: v[i], nnx.state(ensemble, nnx.Param)))
+        nnx.update(member, jax.tree.map(lambda v, i=i: v[i], nnx.state(ensemble, nnx.Param)))
         yi = member(x)
         np.testing.assert_allclose(ensemble.output_amax[...][i], jnp.max(jnp.abs(yi)), rtol=1e-6)
         gi = nnx.grad(lambda m: jnp.mean(m(x) ** 2))(member)
@@ -397,7 +400,11 @@ def _run_sharded_layer(platform, mesh_shape):
     env.pop("XLA_FLAGS", None)
     env["JAX_PLATFORMS"] = platform
     run = subprocess.run(  # cwd: not the repository root, whose source tree would shadow the package
-        [sys.executable, "-c", _SHARDED, mesh_shape], capture_output=True, text=True, env=env, timeout=300,
+        [sys.executable, "-c", _SHARDED, mesh_shape],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
         cwd=os.path.dirname(os.path.abspath(__file__)),
     )
     assert run.returncode == 0 and run.stdout.strip().endswith("OK"), run.stdout + run.stderr

@@ -17,7 +17,9 @@ import jax_gemm_amax as jga
 
 # sm_90a converts each code x scale to BF16 on its own: NaN/Inf codes and scales beyond BF16's
 # reach are not yet carried there (the issue on sm_90a's non-finite codes and extreme scales).
-pytestmark = pytest.mark.xfail(jax.default_backend() == "gpu", reason="sm_90a: codes and scales are converted to BF16 per element", strict=False)
+pytestmark = pytest.mark.xfail(
+    jax.default_backend() == "gpu", reason="sm_90a: codes and scales are converted to BF16 per element", strict=False
+)
 import npref
 
 E8M0 = ml_dtypes.float8_e8m0fnu
@@ -91,10 +93,10 @@ def test_inf_meets_zero_and_opposite_inf(rng):
     p = npref.random_problem(rng, "e5m2", E8M0, 32, 8, 8, 64)
     a, b = p.a.view(np.uint8), p.b.view(np.uint8)
     a[0, 0, :], b[0, 0, :] = 0x3C, 0x3C  # 1.0 everywhere in row 0 of A and row 0 of B
-    a[0, 0, 5] = 0x7C      # +Inf in A row 0
-    b[0, 1, 5] = 0x00      # meets 0: C[0, 1] NaN
+    a[0, 0, 5] = 0x7C  # +Inf in A row 0
+    b[0, 1, 5] = 0x00  # meets 0: C[0, 1] NaN
     b[0, 2, :] = 0x3C
-    b[0, 2, 5] = 0xBC      # meets -1: C[0, 2] = -Inf
+    b[0, 2, 5] = 0xBC  # meets -1: C[0, 2] = -Inf
     a[0, 3, :] = 0x3C
     a[0, 3, 7], b[0, 3, 7] = 0x7C, 0x7C  # +Inf x +Inf: C[3, 3] = +Inf
     a[0, 4, :] = 0x3C

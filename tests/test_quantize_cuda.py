@@ -14,12 +14,12 @@ import functools
 import jax
 import jax.numpy as jnp
 import ml_dtypes
+import npref
 import numpy as np
 import pytest
+from conftest import on_gpu
 
 import jax_gemm_amax as jga
-import npref
-from conftest import on_gpu
 from jax_gemm_amax.primitives.quantize import COLS, PAIR, ROWS, quantize_p
 from jax_gemm_amax.quantize import quantize_jnp
 

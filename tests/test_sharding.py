@@ -10,13 +10,13 @@ import sys
 import jax
 import jax.numpy as jnp
 import ml_dtypes
+import npref
 import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_gemm_amax as jga
-import npref
 
 E8M0 = ml_dtypes.float8_e8m0fnu
 
@@ -217,8 +217,6 @@ def test_explicit_mesh_quantize_gemm_dequantize(rng, fmt, spec):
     assert abs(float(amax) - float(ref_amax)) <= 1e-5 * float(ref_amax)
 
 
-
-
 # ---------------------------------------------------------------------------------------------
 # A dim sharded over more shards than it has scale blocks, or over a count that does not divide
 # them: the rule replicates it rather than split a 128-row (4-group) block, and the call runs.
@@ -226,9 +224,7 @@ def test_explicit_mesh_quantize_gemm_dequantize(rng, fmt, spec):
 # (dim, devices, scale blocks along it): fewer blocks than devices, as many, a count the device
 # number does not divide. An L block is one batch item.
 FEW_BLOCKS = [
-    (dim, devices, blocks)
-    for dim in "MNK"
-    for devices, blocks in [(4, 2), (4, 4), (4, 6), (8, 4), (8, 8), (8, 12)]
+    (dim, devices, blocks) for dim in "MNK" for devices, blocks in [(4, 2), (4, 4), (4, 6), (8, 4), (8, 8), (8, 12)]
 ] + [("L", 4, 2), ("L", 8, 8), ("L", 8, 12)]
 FEW_BLOCKS_EXPLICIT = [("M", 4, 6), ("N", 4, 2), ("N", 8, 4), ("M", 8, 12)]
 
@@ -349,6 +345,10 @@ def test_few_scale_blocks_with_gspmd_propagation():
     env.pop("JGA_TEST_SHARD", None)
     run = subprocess.run(  # cwd: not the repository root, whose source tree would shadow the package
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
-        capture_output=True, text=True, env=env, timeout=300, cwd=os.path.dirname(os.path.abspath(__file__)),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        cwd=os.path.dirname(os.path.abspath(__file__)),
     )
     assert run.returncode == 0 and f"{len(ids)} passed" in run.stdout, run.stdout[-4000:] + run.stderr[-4000:]

@@ -45,18 +45,22 @@ def _has_sm90_gpu() -> bool:
     if smi is None:
         return False
     try:
-        out = subprocess.run([smi, "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=60)
+        out = subprocess.run(
+            [smi, "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True, text=True, timeout=60
+        )
     except (OSError, subprocess.TimeoutExpired):
         return False
     return out.returncode == 0 and any(line.strip() == "9.0" for line in out.stdout.splitlines())
 
 
 def _nvcc(nvcc: str, args: list[str]) -> None:
-    out = subprocess.run([nvcc, *NVCC_FLAGS, f"-I{REPO / 'ffi'}", f"-I{REPO}", *args], capture_output=True, text=True,
-                         timeout=1800)
+    out = subprocess.run(
+        [nvcc, *NVCC_FLAGS, f"-I{REPO / 'ffi'}", f"-I{REPO}", *args], capture_output=True, text=True, timeout=1800
+    )
     if out.returncode != 0:
-        raise AssertionError(f"nvcc {' '.join(args)} failed ({out.returncode}):\n{out.stderr[-4000:]}{out.stdout[-2000:]}")
+        raise AssertionError(
+            f"nvcc {' '.join(args)} failed ({out.returncode}):\n{out.stderr[-4000:]}{out.stdout[-2000:]}"
+        )
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,11 @@ def _collect(tmp_path, shard):
     # From tmp_path, so that the installed package is imported, not the source tree.
     out = subprocess.run(
         [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", str(_ERRORS_FILE)],
-        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
     )
     return out.returncode, [line for line in out.stdout.splitlines() if "::" in line], out.stdout + out.stderr
 

@@ -5,14 +5,14 @@ CUDA platform lowers to (run here on CPU); the GPU cases compare the CUDA backen
 import jax
 import jax.numpy as jnp
 import ml_dtypes
+import npref
 import numpy as np
 import pytest
+from conftest import on_gpu
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_gemm_amax as jga
-import npref
-from conftest import on_gpu
 from jax_gemm_amax import _ffi
 from jax_gemm_amax.ops import weight_only_sum
 
@@ -92,8 +92,14 @@ def test_reference_and_xla_path_match_the_oracle(rng, impl, b_format, a_dtype):
 
 
 C_CASES = [
-    ("e4m3", "float32"), ("e4m3", "bfloat16"), ("e4m3", "float16"), ("e4m3", "float8_e4m3fn"),
-    ("e5m2", "float8_e5m2"), ("nvfp4", "float4_e2m1fn"), ("mxfp4", "uint8"), ("nvfp4", "bfloat16"),
+    ("e4m3", "float32"),
+    ("e4m3", "bfloat16"),
+    ("e4m3", "float16"),
+    ("e4m3", "float8_e4m3fn"),
+    ("e5m2", "float8_e5m2"),
+    ("nvfp4", "float4_e2m1fn"),
+    ("mxfp4", "uint8"),
+    ("nvfp4", "bfloat16"),
 ]
 
 
@@ -121,11 +127,11 @@ def test_batched_jit_and_vmap(rng):
     mapped = jax.vmap(lambda a, b, s: jga.gemm_amax(a, b, None, s))(a, b, sfb)
     assert mapped.c.shape == (3, 7, 128) and mapped.amax.shape == (3,)
     for i in range(3):
-        _check(jga.GemmAmaxResult(mapped.c[i:i + 1], mapped.amax[i]), a[i:i + 1], b[i:i + 1], sfb[i:i + 1], sfv)
+        _check(jga.GemmAmaxResult(mapped.c[i : i + 1], mapped.amax[i]), a[i : i + 1], b[i : i + 1], sfb[i : i + 1], sfv)
     # one weight shared by a vmapped batch of activations
     shared = jax.vmap(lambda a: jga.gemm_amax(a, b[0], None, sfb[0]))(a)
     for i in range(3):
-        _check(jga.GemmAmaxResult(shared.c[i:i + 1], shared.amax[i]), a[i:i + 1], b[:1], sfb[:1], sfv)
+        _check(jga.GemmAmaxResult(shared.c[i : i + 1], shared.amax[i]), a[i : i + 1], b[:1], sfb[:1], sfv)
 
 
 def test_amax_is_per_call(rng):
@@ -170,7 +176,7 @@ def test_extreme_scales(rng, impl, a_dtype):
     b = npref.random_operand(rng, 1, n, k, "e4m3")
     codes = rng.integers(125, 130, size=(1, n, k // sfv)).astype(np.uint8)
     codes[0, : n // 2] = 254  # 2^127
-    codes[0, n // 2:] = 0  # 2^-127
+    codes[0, n // 2 :] = 0  # 2^-127
     sfb = npref.physical_scales(codes, E8M0)
     if impl == "kernel":
         result = jga.gemm_amax(a[0], b[0], None, sfb[0])
@@ -184,16 +190,17 @@ def test_extreme_scales(rng, impl, a_dtype):
     # within an fp32 subnormal step per group) times 2^-127. Ordinary a times 2^127 overflows.
     finite = np.zeros(want.shape, bool)
     finite[0, 0, :] = True
-    finite[0, 1:, n // 2:] = True
+    finite[0, 1:, n // 2 :] = True
     with np.errstate(invalid="ignore"):
         err = np.abs(c - want)
     tol = 2e-5 * abssum + 2.0**-149 * (k // sfv) * 2
     assert np.all(err[finite] <= tol[finite]), np.max((err - tol)[finite])
     normal = 2.0**-120  # the checked extremes are normal numbers, not flushed or subnormal
-    assert np.all(np.abs(want[0, 0, : n // 2]) > normal) and np.all(np.abs(want[0, 1, n // 2:]) > normal)
+    assert np.all(np.abs(want[0, 0, : n // 2]) > normal) and np.all(np.abs(want[0, 1, n // 2 :]) > normal)
 
 
 # --- errors: trace time (Python) and the FFI handler's own rules (C++) ---
+
 
 def spec(shape, dtype):
     return jax.ShapeDtypeStruct(shape, dtype)
@@ -201,31 +208,48 @@ def spec(shape, dtype):
 
 def _args(m=16, n=128, k=256, a=jnp.bfloat16, b=jnp.float8_e4m3fn, sf=E8M0, sfv=32, sfa=False):
     kb = k // 2 if b == jnp.uint8 else k
-    return (spec((m, k), a), spec((n, kb), b),
-            spec(jga.scale_shape(m, k, sfv), sf) if sfa else None, spec(jga.scale_shape(n, k, sfv), sf))
+    return (
+        spec((m, k), a),
+        spec((n, kb), b),
+        spec(jga.scale_shape(m, k, sfv), sf) if sfa else None,
+        spec(jga.scale_shape(n, k, sfv), sf),
+    )
 
 
 def _trace(args, **kw):
     return jax.eval_shape(lambda a, b, sfa, sfb: jga.gemm_amax(a, b, sfa, sfb, **kw), *args)
 
 
-@pytest.mark.parametrize("args,kw,exc,match", [
-    (_args(sfa=True), {}, TypeError, r"sfa: must be None for bfloat16 a \(weight-only"),
-    (_args(a=jnp.float8_e4m3fn), {}, TypeError, r"sfa: float8_e4m3fn a needs its scales; only bfloat16/float16 a"),
-    (_args(a=jnp.float32), {}, TypeError, r"a: dtype must be one of .*bfloat16, float16, got float32"),
-    (_args(b=jnp.bfloat16), {}, TypeError, r"b: dtype must be one of float8_e4m3fn, .*, got bfloat16"),
-    (_args()[:3] + (None,), {}, TypeError, r"sfb: b's scales are required, got None"),
-    (_args()[:3] + (spec(jga.scale_shape(128, 256, 32), jnp.float32),), {}, TypeError, r"sfb: dtype must be one of"),
-    ((spec((16, 128), jnp.bfloat16),) + _args()[1:], {}, ValueError, r"b: K must match a's"),
-    ((spec((16, 128), jnp.bfloat16),) + _args(b=jnp.uint8)[1:], {}, ValueError, r"b: K must match a's"),
-    ((spec((2, 16, 256), jnp.bfloat16),) + _args()[1:], {}, ValueError, r"b: must have a's rank 3"),
-    (_args()[:3] + (spec((2, 2, 32, 4, 4), E8M0),), {}, ValueError, r"sfb: expected the physical 128x4 layout"),
-    (_args(sfv=16), {"sf_vec_size": 16}, ValueError, r"sf_vec_size: fp8 a/b \(float8_e4m3fn\) require sf_vec_size=32"),
-    (_args(), {"c_dtype": jnp.uint8}, ValueError, r"c_dtype: fp4 c \(uint8\) requires fp4 a/b"),
-    (_args(b=jnp.uint8, sf=E4M3, sfv=32), {}, ValueError, r"float8_e4m3fn scales require sf_vec_size=16"),
-    (_args(n=130), {}, ValueError, r"c_dtype: rows of c must be 16-byte aligned: N=130"),
-    (_args(), {"c_major": "m"}, NotImplementedError, r"c_major: 'm' is not built for weight-only"),
-])
+@pytest.mark.parametrize(
+    "args,kw,exc,match",
+    [
+        (_args(sfa=True), {}, TypeError, r"sfa: must be None for bfloat16 a \(weight-only"),
+        (_args(a=jnp.float8_e4m3fn), {}, TypeError, r"sfa: float8_e4m3fn a needs its scales; only bfloat16/float16 a"),
+        (_args(a=jnp.float32), {}, TypeError, r"a: dtype must be one of .*bfloat16, float16, got float32"),
+        (_args(b=jnp.bfloat16), {}, TypeError, r"b: dtype must be one of float8_e4m3fn, .*, got bfloat16"),
+        (_args()[:3] + (None,), {}, TypeError, r"sfb: b's scales are required, got None"),
+        (
+            _args()[:3] + (spec(jga.scale_shape(128, 256, 32), jnp.float32),),
+            {},
+            TypeError,
+            r"sfb: dtype must be one of",
+        ),
+        ((spec((16, 128), jnp.bfloat16),) + _args()[1:], {}, ValueError, r"b: K must match a's"),
+        ((spec((16, 128), jnp.bfloat16),) + _args(b=jnp.uint8)[1:], {}, ValueError, r"b: K must match a's"),
+        ((spec((2, 16, 256), jnp.bfloat16),) + _args()[1:], {}, ValueError, r"b: must have a's rank 3"),
+        (_args()[:3] + (spec((2, 2, 32, 4, 4), E8M0),), {}, ValueError, r"sfb: expected the physical 128x4 layout"),
+        (
+            _args(sfv=16),
+            {"sf_vec_size": 16},
+            ValueError,
+            r"sf_vec_size: fp8 a/b \(float8_e4m3fn\) require sf_vec_size=32",
+        ),
+        (_args(), {"c_dtype": jnp.uint8}, ValueError, r"c_dtype: fp4 c \(uint8\) requires fp4 a/b"),
+        (_args(b=jnp.uint8, sf=E4M3, sfv=32), {}, ValueError, r"float8_e4m3fn scales require sf_vec_size=16"),
+        (_args(n=130), {}, ValueError, r"c_dtype: rows of c must be 16-byte aligned: N=130"),
+        (_args(), {"c_major": "m"}, NotImplementedError, r"c_major: 'm' is not built for weight-only"),
+    ],
+)
 def test_bad_input_raises_at_trace_time(args, kw, exc, match):
     with pytest.raises(exc, match=match):
         _trace(args, **kw)
@@ -241,12 +265,15 @@ def test_primitive_rejects_sfa_beside_a_bfloat16_a():
         jax.eval_shape(lambda *x: jga.gemm_amax_p.bind(*x, **params), b[None], b[None], sfb[None])
 
 
-@pytest.mark.parametrize("a_dtype,b_dtype,k_a,message", [
-    (jnp.float32, jnp.float8_e4m3fn, 256, "weight-only a dtype must be bfloat16 or float16"),
-    (jnp.bfloat16, jnp.bfloat16, 256, "b dtype must be float8_e4m3fn"),
-    (jnp.bfloat16, jnp.float8_e4m3fn, 128, r"does not match a"),
-    (jnp.bfloat16, jnp.uint8, 128, r"does not match a"),  # packed b: a's K is twice b's bytes
-])
+@pytest.mark.parametrize(
+    "a_dtype,b_dtype,k_a,message",
+    [
+        (jnp.float32, jnp.float8_e4m3fn, 256, "weight-only a dtype must be bfloat16 or float16"),
+        (jnp.bfloat16, jnp.bfloat16, 256, "b dtype must be float8_e4m3fn"),
+        (jnp.bfloat16, jnp.float8_e4m3fn, 128, r"does not match a"),
+        (jnp.bfloat16, jnp.uint8, 128, r"does not match a"),  # packed b: a's K is twice b's bytes
+    ],
+)
 def test_ffi_handler_rejects_a_call_that_breaks_the_contract(a_dtype, b_dtype, k_a, message):
     """The C++ rules (ffi/common) answer a weight-only custom call that bypasses the Python checks."""
     m = n = 128
@@ -259,20 +286,34 @@ def test_ffi_handler_rejects_a_call_that_breaks_the_contract(a_dtype, b_dtype, k
         (jax.ShapeDtypeStruct((1, m, n), jnp.float32), jax.ShapeDtypeStruct((1,), jnp.float32)),
     )
     with pytest.raises(Exception, match=message):
-        jax.block_until_ready(call(a, b, sf, sf_vec_size=np.int32(32), tile_m=np.int32(128), tile_n=np.int32(128),
-                                   cluster_m=np.int32(1), cluster_n=np.int32(1)))
+        jax.block_until_ready(
+            call(
+                a,
+                b,
+                sf,
+                sf_vec_size=np.int32(32),
+                tile_m=np.int32(128),
+                tile_n=np.int32(128),
+                cluster_m=np.int32(1),
+                cluster_n=np.int32(1),
+            )
+        )
 
 
 # --- sharding (8 virtual CPU devices, conftest) ---
 
+
 @pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 devices")
 @pytest.mark.parametrize("b_format", ["e4m3", "nvfp4"])
-@pytest.mark.parametrize("a_spec,b_spec", [
-    ((None, "x", None), (None, "y", None)),  # M and N
-    (("x", None, None), ("x", None, None)),  # L
-    ((None, None, "x"), (None, None, "x")),  # K: fp32 partial sums, amax after the sum
-    ((None, "y", "x"), (None, None, "x")),   # M and K
-])
+@pytest.mark.parametrize(
+    "a_spec,b_spec",
+    [
+        ((None, "x", None), (None, "y", None)),  # M and N
+        (("x", None, None), ("x", None, None)),  # L
+        ((None, None, "x"), (None, None, "x")),  # K: fp32 partial sums, amax after the sum
+        ((None, "y", "x"), (None, None, "x")),  # M and K
+    ],
+)
 def test_sharded_matches_unsharded(rng, b_format, a_spec, b_spec):
     mesh = Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("x", "y"))
     a, b, sfb, sfv = _problem(rng, b_format, "bfloat16", 256, 256, 2048, batch=4)
@@ -285,11 +326,13 @@ def test_sharded_matches_unsharded(rng, b_format, a_spec, b_spec):
     _check(result, a, b, sfb, sfv, c_dtype="bfloat16")
     with jax.default_device(CPU):
         ref = jga.gemm_amax(a, b, None, sfb, sf_vec_size=sfv, c_dtype=jnp.bfloat16)
-    np.testing.assert_allclose(np.asarray(result.c, np.float32), np.asarray(ref.c, np.float32),
-                               rtol=2.0**-7, atol=1e-4 * float(ref.amax))
+    np.testing.assert_allclose(
+        np.asarray(result.c, np.float32), np.asarray(ref.c, np.float32), rtol=2.0**-7, atol=1e-4 * float(ref.amax)
+    )
 
 
 # --- the CUDA platform: through XLA, no custom call ---
+
 
 def test_cuda_lowering_is_a_dot_not_a_custom_call(rng):
     a, b, sfb, sfv = _problem(rng, "e4m3", "bfloat16", 8, 128, 256)
@@ -347,6 +390,7 @@ def test_gpu_c_dtypes_nan_and_extreme_scales(rng, c_dtype):
 
 # --- nn: mx_matmul(..., activations="bf16") and MXLinear(weight_only=True) ---
 
+
 def _weight_only_oracle(x, w, fmt):
     """float64 bf16(x) @ dequantize(quantize(wᵀ)), decoded with npref."""
     nnmod = pytest.importorskip("jax_gemm_amax.nn")
@@ -390,8 +434,9 @@ def test_mx_matmul_bf16_gradients_are_the_straight_through_estimator(rng):
     dx, dw = jax.grad(loss("bf16"), argnums=(0, 1))(x, w)
     y = nnmod.mx_matmul(x, w, activations="bf16")[0]
     # the same backward GEMMs as the quantized mode, fed this mode's dY = 2 y
-    dx_want, dw_want = nnmod._mx_matmul_bwd(nnmod._Config("mxfp8_e4m3", "mxfp8_e4m3", np.dtype(np.float32)),
-                                           (x, w), (2 * y, None))
+    dx_want, dw_want = nnmod._mx_matmul_bwd(
+        nnmod._Config("mxfp8_e4m3", "mxfp8_e4m3", np.dtype(np.float32)), (x, w), (2 * y, None)
+    )
     np.testing.assert_array_equal(np.asarray(dx), np.asarray(dx_want))
     np.testing.assert_array_equal(np.asarray(dw), np.asarray(dw_want))
     prepared = nnmod.prepare_weight(w)

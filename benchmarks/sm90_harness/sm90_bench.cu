@@ -37,8 +37,14 @@
 // split-K reducer's extra 64-K units (PlanOptions::split_bonus_units), JGA_FORCE_SPLITS=S the
 // split-K factor where a mode does not force one (S = 1: unsplit).
 static sm90::LaunchOptions WithEnvOverrides(sm90::LaunchOptions o) {
-  static const int bonus = [] { const char* e = getenv("JGA_SPLIT_BONUS"); return e ? atoi(e) : -1; }();
-  static const int splits = [] { const char* e = getenv("JGA_FORCE_SPLITS"); return e ? atoi(e) : 0; }();
+  static const int bonus = [] {
+    const char* e = getenv("JGA_SPLIT_BONUS");
+    return e ? atoi(e) : -1;
+  }();
+  static const int splits = [] {
+    const char* e = getenv("JGA_FORCE_SPLITS");
+    return e ? atoi(e) : 0;
+  }();
   if (o.split_bonus_units < 0) o.split_bonus_units = bonus;
   if (o.force_splits == 0 && splits > 0) o.force_splits = splits;
   return o;
@@ -54,25 +60,36 @@ static sm90::PlanInfo PlanB(const GemmAmaxProblem& p, const sm90::LaunchOptions&
 }
 
 __global__ void FillRandomE4M3(uint8_t* p, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n; i += gridDim.x * static_cast<size_t>(blockDim.x)) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += gridDim.x * static_cast<size_t>(blockDim.x)) {
     uint32_t x = static_cast<uint32_t>(i) * 2654435761u ^ seed ^ static_cast<uint32_t>(i >> 32) * 40503u;
-    x ^= x >> 16; x *= 0x7feb352du; x ^= x >> 15; x *= 0x846ca68bu; x ^= x >> 16;
+    x ^= x >> 16;
+    x *= 0x7feb352du;
+    x ^= x >> 15;
+    x *= 0x846ca68bu;
+    x ^= x >> 16;
     uint8_t v = static_cast<uint8_t>(x);
     if ((v & 0x7F) == 0x7F) v = 0x3F;
     p[i] = v;
   }
 }
 __global__ void FillScalesDev(uint8_t* p, size_t n, uint32_t seed, bool e4m3) {
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n; i += gridDim.x * static_cast<size_t>(blockDim.x)) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += gridDim.x * static_cast<size_t>(blockDim.x)) {
     uint32_t x = static_cast<uint32_t>(i) * 2246822519u ^ seed;
-    x ^= x >> 15; x *= 0x2c1b3c6du; x ^= x >> 12;
+    x ^= x >> 15;
+    x *= 0x2c1b3c6du;
+    x ^= x >> 12;
     p[i] = static_cast<uint8_t>(e4m3 ? 0x30 + x % 16 : 120 + x % 15);  // e4m3 0.25..1.875, e8m0 2^-7..2^7
   }
 }
 __global__ void FillBF16(uint16_t* p, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n; i += gridDim.x * static_cast<size_t>(blockDim.x)) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += gridDim.x * static_cast<size_t>(blockDim.x)) {
     uint32_t x = static_cast<uint32_t>(i) * 2654435761u ^ seed;
-    x ^= x >> 16; x *= 0x7feb352du; x ^= x >> 15;
+    x ^= x >> 16;
+    x *= 0x7feb352du;
+    x ^= x >> 15;
     p[i] = static_cast<uint16_t>(0x3C00 | (x & 0x83FF));  // +-[2^-7, 2^-6)
   }
 }
@@ -103,14 +120,23 @@ static const Combo& TimedCombo() {
 static GemmAmaxProblem RandomProblem(int64_t M, int64_t N, int64_t K, DevBufs& d, int64_t L = 1) {
   const Combo& cb = TimedCombo();
   GemmAmaxProblem p;
-  p.batch = L; p.m = M; p.n = N; p.k = K;
-  p.ab_type = cb.ab; p.sf_type = cb.sf; p.sf_vec_size = cb.sfv; p.c_type = OutputType::kBF16;
+  p.batch = L;
+  p.m = M;
+  p.n = N;
+  p.k = K;
+  p.ab_type = cb.ab;
+  p.sf_type = cb.sf;
+  p.sf_vec_size = cb.sfv;
+  p.c_type = OutputType::kBF16;
   const size_t rb = static_cast<size_t>(p.operand_row_bytes());
   const size_t sfab = p.scale_batch_stride(M) * L, sfbb = p.scale_batch_stride(N) * L;
   d.c_bytes = L * M * N * 2;
-  CK(cudaMalloc(&d.a, L * M * rb)); CK(cudaMalloc(&d.b, L * N * rb));
-  CK(cudaMalloc(&d.sfa, sfab)); CK(cudaMalloc(&d.sfb, sfbb));
-  CK(cudaMalloc(&d.c, d.c_bytes)); CK(cudaMalloc(&d.amax, 4 * L));
+  CK(cudaMalloc(&d.a, L * M * rb));
+  CK(cudaMalloc(&d.b, L * N * rb));
+  CK(cudaMalloc(&d.sfa, sfab));
+  CK(cudaMalloc(&d.sfb, sfbb));
+  CK(cudaMalloc(&d.c, d.c_bytes));
+  CK(cudaMalloc(&d.amax, 4 * L));
   FillRandomE4M3<<<1024, 256>>>(d.a, L * M * rb, 1);  // any byte but e4m3's NaN codes: valid in every format
   FillRandomE4M3<<<1024, 256>>>(d.b, L * N * rb, 2);
   const bool e4m3_scales = cb.sf == ScaleType::kE4M3;
@@ -134,7 +160,8 @@ constexpr int kBackToBack = 8;
 // against the same plan forced, at three shapes).
 static std::vector<double> MedianMsTakingTurns(const std::vector<std::function<void()>>& launches, int iters) {
   cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
   auto sample_ms = [&](const std::function<void()>& launch) {
     CK(cudaEventRecord(e0));
     for (int r = 0; r < kBackToBack; ++r) launch();
@@ -153,12 +180,15 @@ static std::vector<double> MedianMsTakingTurns(const std::vector<std::function<v
       const size_t c = (j + i) % launches.size();
       ts[c].push_back(sample_ms(launches[c]));
     }
-  CK(cudaEventDestroy(e0)); CK(cudaEventDestroy(e1));
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
   std::vector<double> medians;
   for (const auto& t : ts) medians.push_back(Median(t));
   return medians;
 }
-static double MedianMs(const std::function<void()>& launch, int iters) { return MedianMsTakingTurns({launch}, iters)[0]; }
+static double MedianMs(const std::function<void()>& launch, int iters) {
+  return MedianMsTakingTurns({launch}, iters)[0];
+}
 
 static double MedianLaunchMs(const GemmAmaxProblem& p, const DevBufs& d, const sm90::LaunchOptions& o, int iters) {
   return MedianMs([&] { CK(LaunchB(p, Bufs(d), o)); }, iters);
@@ -182,15 +212,16 @@ static std::vector<Shape> ParseShapes(const char* list) {
     if (q != nullptr) ++q;
   }
   if (shapes.empty()) {
-    shapes = {{8192, 8192, 8192}, {4096, 4096, 4096}, {16384, 8192, 1024},
-              {2048, 28672, 8192}, {256, 8192, 8192}, {1024, 1024, 1024}};
+    shapes = {{8192, 8192, 8192},  {4096, 4096, 4096}, {16384, 8192, 1024},
+              {2048, 28672, 8192}, {256, 8192, 8192},  {1024, 1024, 1024}};
   }
   return shapes;
 }
 
 static void Bench(int iters, const std::vector<Shape>& shapes) {
-  printf("%-20s %12s %12s %12s %12s %12s %12s %12s %12s %12s %12s %10s %s\n", "MxNxK", "plan t/s/w", "TF/s", "TF/s noflush", "TF/s t128",
-         "TF/s t256", "TF/s nosplit", "TF/s noPre", "TF/s PreB", "TF/s PreA", "TF/s PreAB", "cuBLASbf16", "check");
+  printf("%-20s %12s %12s %12s %12s %12s %12s %12s %12s %12s %12s %10s %s\n", "MxNxK", "plan t/s/w", "TF/s",
+         "TF/s noflush", "TF/s t128", "TF/s t256", "TF/s nosplit", "TF/s noPre", "TF/s PreB", "TF/s PreA", "TF/s PreAB",
+         "cuBLASbf16", "check");
   for (const Shape& s : shapes) {
     DevBufs d;
     const GemmAmaxProblem p = RandomProblem(s.m, s.n, s.k, d, s.l);
@@ -206,7 +237,8 @@ static void Bench(int iters, const std::vector<Shape>& shapes) {
     const sm90::PlanInfo plan = PlanB(p, o);
     char plan_name[32];  // tile height / splits / tiles run whole first
     const char* pre = PreName(plan.preconvert_a, plan.preconvert_b);
-    snprintf(plan_name, sizeof plan_name, "%d/%d/%d%s%s", plan.tile_m, plan.splits, plan.whole_tiles, *pre ? "+" : "", pre);
+    snprintf(plan_name, sizeof plan_name, "%d/%d/%d%s%s", plan.tile_m, plan.splits, plan.whole_tiles, *pre ? "+" : "",
+             pre);
     // correctness spot-check of the measured output
     std::vector<uint8_t> ha(abytes), hb(bbytes), hsa(sfab), hsb(sfbb);
     std::vector<uint16_t> hc(s.m * s.n);
@@ -259,7 +291,9 @@ static void Bench(int iters, const std::vector<Shape>& shapes) {
       cublasHandle_t h;
       cublasCreate(&h);
       uint16_t *ba, *bb, *bc;
-      CK(cudaMalloc(&ba, s.l * abytes * 2)); CK(cudaMalloc(&bb, s.l * bbytes * 2)); CK(cudaMalloc(&bc, s.l * s.m * s.n * 2));
+      CK(cudaMalloc(&ba, s.l * abytes * 2));
+      CK(cudaMalloc(&bb, s.l * bbytes * 2));
+      CK(cudaMalloc(&bc, s.l * s.m * s.n * 2));
       FillBF16<<<1024, 256>>>(ba, s.l * abytes, 5);
       FillBF16<<<1024, 256>>>(bb, s.l * bbytes, 6);
       const float alpha = 1, beta = 0;
@@ -269,20 +303,28 @@ static void Bench(int iters, const std::vector<Shape>& shapes) {
                                           s.n * s.k, ba, CUDA_R_16BF, s.k, s.m * s.k, &beta, bc, CUDA_R_16BF, s.n,
                                           s.m * s.n, s.l, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
       };
-      const double cublas_ms = MedianMs([&] {
-        if (run() != CUBLAS_STATUS_SUCCESS) { fprintf(stderr, "cublasGemmStridedBatchedEx failed\n"); exit(2); }
-      }, iters);
+      const double cublas_ms = MedianMs(
+          [&] {
+            if (run() != CUBLAS_STATUS_SUCCESS) {
+              fprintf(stderr, "cublasGemmStridedBatchedEx failed\n");
+              exit(2);
+            }
+          },
+          iters);
       cublas_tf = flop / (cublas_ms * 1e-3) / 1e12;
-      cudaFree(ba); cudaFree(bb); cudaFree(bc);
+      cudaFree(ba);
+      cudaFree(bb);
+      cudaFree(bc);
       cublasDestroy(h);
     }
 #endif
     char name[64];
     snprintf(name, sizeof name, s.l > 1 ? "%lldx%lldx%lldx%lld" : "%lldx%lldx%lld", static_cast<long long>(s.m),
              static_cast<long long>(s.n), static_cast<long long>(s.k), static_cast<long long>(s.l));
-    printf("%-20s %12s %12.1f %12.1f %12.1f %12.1f %12.1f %12.1f %12.1f %12.1f %12.1f %10.1f %s (bad %d/256, amax %g)\n", name,
-           plan_name, tf, tf_noflush, tf128, tf256, tf_nosplit, tf_pre[0], tf_pre[1], tf_pre[2], tf_pre[3], cublas_tf,
-           (bad == 0 && amax_ok) ? "ok" : "WRONG", bad, amax);
+    printf(
+        "%-20s %12s %12.1f %12.1f %12.1f %12.1f %12.1f %12.1f %12.1f %12.1f %12.1f %10.1f %s (bad %d/256, amax %g)\n",
+        name, plan_name, tf, tf_noflush, tf128, tf256, tf_nosplit, tf_pre[0], tf_pre[1], tf_pre[2], tf_pre[3],
+        cublas_tf, (bad == 0 && amax_ok) ? "ok" : "WRONG", bad, amax);
     d.Free();
   }
 }
@@ -300,7 +342,8 @@ static void OneConfig(int64_t M, int64_t N, int64_t K, int tile, int iters, int 
   constexpr int kHostLaunches = 200;
   const auto h0 = std::chrono::steady_clock::now();
   for (int i = 0; i < kHostLaunches; ++i) CK(LaunchB(p, Bufs(d), o));
-  const double host_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - h0).count() / kHostLaunches;
+  const double host_us =
+      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - h0).count() / kHostLaunches;
   CK(cudaDeviceSynchronize());
   printf("one %lldx%lldx%lld tile=%d %8.3f ms %8.1f TF/s  host %.1f us per launch  clusters %d  plan %d/%d/%d\n",
          (long long)M, (long long)N, (long long)K, tile, med, 2.0 * M * N * K / (med * 1e-3) / 1e12, host_us,
@@ -350,7 +393,8 @@ static __global__ void __launch_bounds__(256) ExpandKernel(const uint4* in, uint
   for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x * U + threadIdx.x; i < n16; i += stride) {
     uint4 x[U];
 #pragma unroll
-    for (int u = 0; u < U; ++u) x[u] = i + u * blockDim.x < n16 ? __ldg(in + i + u * blockDim.x) : make_uint4(0, 0, 0, 0);
+    for (int u = 0; u < U; ++u)
+      x[u] = i + u * blockDim.x < n16 ? __ldg(in + i + u * blockDim.x) : make_uint4(0, 0, 0, 0);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const long long j = i + u * blockDim.x;
@@ -378,8 +422,13 @@ static void Ceiling(long long bytes, int iters) {
   const auto* i4 = reinterpret_cast<const uint4*>(in);
   auto* o4 = reinterpret_cast<uint4*>(out);
   auto blocks = [&](int u) { return static_cast<unsigned>((n16 + 256 * u - 1) / (256 * u)); };
-  const char* names[] = {"expand U1 one-shot", "expand U2 one-shot", "expand U4 one-shot", "expand U2 8/SM loop",
-                         "expand U4 4/SM loop", "expand U1 8/SM loop", "copy U4 one-shot (read n, write n)"};
+  const char* names[] = {"expand U1 one-shot",
+                         "expand U2 one-shot",
+                         "expand U4 one-shot",
+                         "expand U2 8/SM loop",
+                         "expand U4 4/SM loop",
+                         "expand U1 8/SM loop",
+                         "copy U4 one-shot (read n, write n)"};
   std::vector<std::function<void()>> launches = {
       [&] { ExpandKernel<1, true><<<blocks(1), 256>>>(i4, o4, n16); },
       [&] { ExpandKernel<2, true><<<blocks(2), 256>>>(i4, o4, n16); },
@@ -393,7 +442,8 @@ static void Ceiling(long long bytes, int iters) {
   CK(cudaGetLastError());
   for (size_t c = 0; c < ms.size(); ++c) {
     const double moved = c + 1 == ms.size() ? 2.0 * bytes : 3.0 * bytes;
-    printf("ceiling %lld bytes in: %-36s %8.1f us %6.2f TB/s\n", bytes, names[c], ms[c] * 1e3, moved / (ms[c] * 1e-3) / 1e12);
+    printf("ceiling %lld bytes in: %-36s %8.1f us %6.2f TB/s\n", bytes, names[c], ms[c] * 1e3,
+           moved / (ms[c] * 1e-3) / 1e12);
   }
   cudaFree(in);
   cudaFree(out);
@@ -423,10 +473,15 @@ static void HostCost(int64_t M, int64_t N, int64_t K) {
   sm90::PlanInfo info;
   time_us("sm90::PlanFor", 2000, [&] { CK(sm90::PlanFor(p, ws, o, &info)); });
   time_us("sm90::WorkspaceBytes", 2000, [&] { (void)sm90::WorkspaceBytes(p); });
-  time_us("EmptyKernel<<<1, 256>>>", 500, [&] { EmptyKernel<<<1, 256>>>(0); CK(cudaGetLastError()); });
+  time_us("EmptyKernel<<<1, 256>>>", 500, [&] {
+    EmptyKernel<<<1, 256>>>(0);
+    CK(cudaGetLastError());
+  });
   cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 1; attr[0].val.clusterDim.y = 1; attr[0].val.clusterDim.z = 1;
+  attr[0].val.clusterDim.x = 1;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
   attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[1].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t cfg = {};
@@ -528,7 +583,8 @@ static void HostCost(int64_t M, int64_t N, int64_t K) {
   cfg.numAttrs = 1;
   const std::vector<std::pair<const char*, std::function<void(cudaStream_t)>>> calls = {
       {"sm90::Launch", [&](cudaStream_t s) { CK(sm90::Launch(p, b, w, ws, s)); }},
-      {"GEMM alone (no amax, unsplit)", [&](cudaStream_t s) { CK(sm90::LaunchWithOptions(p, b, w, ws, s, gemm_only)); }},
+      {"GEMM alone (no amax, unsplit)",
+       [&](cudaStream_t s) { CK(sm90::LaunchWithOptions(p, b, w, ws, s, gemm_only)); }},
       {"EmptyKernel", [&](cudaStream_t s) { EmptyKernel<<<1, 256, 0, s>>>(0); }},
       {"EmptyKernel, then one with PDL",
        [&](cudaStream_t s) {
@@ -557,11 +613,13 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (mode == "one" && argc >= 7) {
-    OneConfig(atoll(argv[2]), atoll(argv[3]), atoll(argv[4]), atoi(argv[5]), atoi(argv[6]), argc > 7 ? atoi(argv[7]) : -1);
+    OneConfig(atoll(argv[2]), atoll(argv[3]), atoll(argv[4]), atoi(argv[5]), atoi(argv[6]),
+              argc > 7 ? atoi(argv[7]) : -1);
     return 0;
   }
   if (mode == "turns" && argc >= 7) {
-    Turns(atoll(argv[2]), atoll(argv[3]), atoll(argv[4]), atoi(argv[5]), std::vector<std::string>(argv + 6, argv + argc));
+    Turns(atoll(argv[2]), atoll(argv[3]), atoll(argv[4]), atoi(argv[5]),
+          std::vector<std::string>(argv + 6, argv + argc));
     return 0;
   }
   if (mode == "ceiling" && argc >= 4) {
@@ -572,7 +630,9 @@ int main(int argc, char** argv) {
     Bench(argc > 2 ? atoi(argv[2]) : 30, ParseShapes(argc > 3 ? argv[3] : nullptr));
     return 0;
   }
-  fprintf(stderr, "usage: %s bench [iters [MxNxK[xL],...]] | one M N K TILE ITERS [PRE] | turns M N K ITERS "
-                  "TILE:SPLITS:PRE[:WHOLE]... | hostcost M N K | ceiling BYTES ITERS\n", argv[0]);
+  fprintf(stderr,
+          "usage: %s bench [iters [MxNxK[xL],...]] | one M N K TILE ITERS [PRE] | turns M N K ITERS "
+          "TILE:SPLITS:PRE[:WHOLE]... | hostcost M N K | ceiling BYTES ITERS\n",
+          argv[0]);
   return 2;
 }

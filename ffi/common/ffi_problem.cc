@@ -40,8 +40,10 @@ bool DataTypeNamed(std::string_view name, ffi::DataType* dtype) {
     ffi::DataType dtype;
   };
   static constexpr Named kNamed[] = {
-      {"float8_e4m3fn", ffi::DataType::F8E4M3FN}, {"float8_e5m2", ffi::DataType::F8E5M2},
-      {"float8_e8m0fnu", ffi::DataType::F8E8M0FNU}, {"uint8", ffi::DataType::U8},
+      {"float8_e4m3fn", ffi::DataType::F8E4M3FN},
+      {"float8_e5m2", ffi::DataType::F8E5M2},
+      {"float8_e8m0fnu", ffi::DataType::F8E8M0FNU},
+      {"uint8", ffi::DataType::U8},
       {"int8", ffi::DataType::S8},
   };
   for (const Named& n : kNamed) {
@@ -93,8 +95,8 @@ namespace {
 
 // Both forms: sfa is null for a weight-only call.
 ffi::Error Describe(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b, const ffi::AnyBuffer* sfa,
-                    const ffi::AnyBuffer& sfb, const ffi::AnyBuffer& c, const ffi::AnyBuffer& amax,
-                    int32_t sf_vec_size, const GemmAmaxHints& hints, GemmAmaxProblem* p) {
+                    const ffi::AnyBuffer& sfb, const ffi::AnyBuffer& c, const ffi::AnyBuffer& amax, int32_t sf_vec_size,
+                    const GemmAmaxHints& hints, GemmAmaxProblem* p) {
   using DT = ffi::DataType;
   if (a.dimensions().size() != 3) return Invalid("a must be (L, M, K), got " + ShapeString(a));
   if (b.dimensions().size() != 3) return Invalid("b must be (L, N, K), got " + ShapeString(b));

@@ -63,21 +63,21 @@ GemmAmaxBuffers WeightOnlyBuffersOf(const ffi::AnyBuffer& a, const ffi::AnyBuffe
       .Attr<int32_t>("cluster_m")   \
       .Attr<int32_t>("cluster_n")
 
-#define JGA_GEMM_AMAX_BINDING_BUFFERS                              \
-  .Arg<xla::ffi::AnyBuffer>()     /* a */                          \
-      .Arg<xla::ffi::AnyBuffer>() /* b */                          \
-      .Arg<xla::ffi::AnyBuffer>() /* sfa */                        \
-      .Arg<xla::ffi::AnyBuffer>() /* sfb */                        \
-      .Ret<xla::ffi::AnyBuffer>() /* c */                          \
+#define JGA_GEMM_AMAX_BINDING_BUFFERS       \
+  .Arg<xla::ffi::AnyBuffer>()     /* a */   \
+      .Arg<xla::ffi::AnyBuffer>() /* b */   \
+      .Arg<xla::ffi::AnyBuffer>() /* sfa */ \
+      .Arg<xla::ffi::AnyBuffer>() /* sfb */ \
+      .Ret<xla::ffi::AnyBuffer>() /* c */   \
       .Ret<xla::ffi::AnyBuffer>() /* amax, one per batch item */
 
 #define JGA_GEMM_AMAX_BINDING_ARGS JGA_GEMM_AMAX_BINDING_BUFFERS JGA_GEMM_AMAX_BINDING_ATTRS
 
 // Weight-only: a, b, sfb, then the same results and attributes.
-#define JGA_GEMM_AMAX_WEIGHT_ONLY_BINDING_ARGS                     \
-  .Arg<xla::ffi::AnyBuffer>()     /* a, bfloat16 or float16 */     \
-      .Arg<xla::ffi::AnyBuffer>() /* b */                          \
-      .Arg<xla::ffi::AnyBuffer>() /* sfb */                        \
-      .Ret<xla::ffi::AnyBuffer>() /* c */                          \
-      .Ret<xla::ffi::AnyBuffer>() /* amax, one per batch item */   \
+#define JGA_GEMM_AMAX_WEIGHT_ONLY_BINDING_ARGS                   \
+  .Arg<xla::ffi::AnyBuffer>()     /* a, bfloat16 or float16 */   \
+      .Arg<xla::ffi::AnyBuffer>() /* b */                        \
+      .Arg<xla::ffi::AnyBuffer>() /* sfb */                      \
+      .Ret<xla::ffi::AnyBuffer>() /* c */                        \
+      .Ret<xla::ffi::AnyBuffer>() /* amax, one per batch item */ \
       JGA_GEMM_AMAX_BINDING_ATTRS

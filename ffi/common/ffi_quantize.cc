@@ -17,7 +17,9 @@ std::string ShapeString(ffi::Span<const int64_t> dims) {
   return os.str();
 }
 
-std::string ShapeString(const std::vector<int64_t>& v) { return ShapeString(ffi::Span<const int64_t>(v.data(), v.size())); }
+std::string ShapeString(const std::vector<int64_t>& v) {
+  return ShapeString(ffi::Span<const int64_t>(v.data(), v.size()));
+}
 
 bool ShapeIs(ffi::Span<const int64_t> dims, const std::vector<int64_t>& want) {
   if (dims.size() != want.size()) return false;
@@ -82,7 +84,8 @@ ffi::Error DescribeQuantize(const ffi::AnyBuffer& x, const ffi::RemainingRets& r
   *buf = QuantizeBuffers{};
   buf->x = x.untyped_data();
   if (rows) {
-    err = CheckResult(results, i++, "q (rows)", CodeType(p->format), {p->batch, p->rows, p->code_bytes(p->k)}, &buf->q_row);
+    err = CheckResult(results, i++, "q (rows)", CodeType(p->format), {p->batch, p->rows, p->code_bytes(p->k)},
+                      &buf->q_row);
     if (err.failure()) return err;
     err = CheckResult(results, i++, "scales (rows)", sf,
                       {p->batch, p->row_blocks(p->rows), p->k_blocks(p->k), 32, 4, 4}, &buf->s_row);

@@ -50,15 +50,15 @@ JGA_HOST_DEVICE constexpr int OutputBits(OutputType t) {
 }
 
 // Scale-factor layout constants (the cuBLAS / CUTLASS "128x4" block layout).
-inline constexpr int64_t kScaleRowsPerBlock = 128;   // rows (m or n) per scale block
-inline constexpr int64_t kScaleGroupsPerBlock = 4;   // K groups per scale block
-inline constexpr int64_t kScaleBlockElems = 512;     // 32 x 4 x 4 bytes per block
+inline constexpr int64_t kScaleRowsPerBlock = 128;  // rows (m or n) per scale block
+inline constexpr int64_t kScaleGroupsPerBlock = 4;  // K groups per scale block
+inline constexpr int64_t kScaleBlockElems = 512;    // 32 x 4 x 4 bytes per block
 
 struct GemmAmaxProblem {
   int64_t batch = 1;  // L
   int64_t m = 0;
   int64_t n = 0;
-  int64_t k = 0;      // logical K (elements, not bytes)
+  int64_t k = 0;                             // logical K (elements, not bytes)
   OperandType ab_type = OperandType::kE4M3;  // B's, and A's unless weight-only
   ActivationType a_type = ActivationType::kNarrow;
   ScaleType sf_type = ScaleType::kE8M0;
@@ -83,9 +83,7 @@ struct GemmAmaxProblem {
   JGA_HOST_DEVICE bool weight_only() const { return a_type != ActivationType::kNarrow; }
   JGA_HOST_DEVICE int64_t a_row_bytes() const { return weight_only() ? 2 * k : operand_row_bytes(); }
   // Elements of C's minor dimension as stored (packed FP4 stores two per byte).
-  JGA_HOST_DEVICE int64_t c_row_storage_elems() const {
-    return c_type == OutputType::kE2M1x2 ? n / 2 : n;
-  }
+  JGA_HOST_DEVICE int64_t c_row_storage_elems() const { return c_type == OutputType::kE2M1x2 ? n / 2 : n; }
   JGA_HOST_DEVICE int64_t c_row_bytes() const { return n * OutputBits(c_type) / 8; }
 };
 
@@ -110,8 +108,7 @@ inline const char* ContractViolation(const GemmAmaxProblem& p) {
 // scale tensor (L, ceil(rows/128), ceil(groups/4), 32, 4, 4):
 //   [row / 128, group / 4, row % 32, (row % 128) / 32, group % 4]
 JGA_HOST_DEVICE constexpr int64_t ScaleOffset(int64_t row, int64_t group, int64_t k_blocks) {
-  return ((row / 128) * k_blocks + group / 4) * kScaleBlockElems + (row % 32) * 16 +
-         ((row % 128) / 32) * 4 + group % 4;
+  return ((row / 128) * k_blocks + group / 4) * kScaleBlockElems + (row % 32) * 16 + ((row % 128) / 32) * 4 + group % 4;
 }
 
 // Device-agnostic pointers of one call. amax holds one float per batch item.

@@ -33,16 +33,13 @@ ffi::Error GemmAmaxWeightOnlyCpuImpl(ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::An
   if (status.failure()) return status;
   try {
     cpu::Run(problem, WeightOnlyBuffersOf(a, b, sfb, *c, *amax));
-  } catch (const std::exception& e) {
-    return ffi::Error::Internal(std::string("gemm_amax (cpu): ") + e.what());
-  }
+  } catch (const std::exception& e) { return ffi::Error::Internal(std::string("gemm_amax (cpu): ") + e.what()); }
   return ffi::Error::Success();
 }
 
 }  // namespace
 }  // namespace jga
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JgaGemmAmaxCpu, jga::GemmAmaxCpuImpl,
-                              xla::ffi::Ffi::Bind() JGA_GEMM_AMAX_BINDING_ARGS);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JgaGemmAmaxCpu, jga::GemmAmaxCpuImpl, xla::ffi::Ffi::Bind() JGA_GEMM_AMAX_BINDING_ARGS);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JgaGemmAmaxWeightOnlyCpu, jga::GemmAmaxWeightOnlyCpuImpl,
                               xla::ffi::Ffi::Bind() JGA_GEMM_AMAX_WEIGHT_ONLY_BINDING_ARGS);

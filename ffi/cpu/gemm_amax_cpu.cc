@@ -210,9 +210,7 @@ MicroKernelFn PickMicroKernel(const GemmAmaxProblem& p) {
 // Writes one row of fp32 sums to C in the output dtype.
 void StoreRow(OutputType type, const float* src, int64_t count, void* dst_row, int64_t col0) {
   switch (type) {
-    case OutputType::kF32:
-      std::memcpy(static_cast<float*>(dst_row) + col0, src, sizeof(float) * count);
-      break;
+    case OutputType::kF32: std::memcpy(static_cast<float*>(dst_row) + col0, src, sizeof(float) * count); break;
     case OutputType::kF16:
       for (int64_t j = 0; j < count; ++j) static_cast<uint16_t*>(dst_row)[col0 + j] = EncodeF16(src[j]);
       break;

@@ -79,10 +79,10 @@ ffi::Error LaunchSm100(const GemmAmaxProblem& problem, const GemmAmaxBuffers& bu
 constexpr const char* kBuiltKernels = "built kernels: sm_90a (H100/H200); this build has no sm_100a kernels";
 #endif
 
-ffi::Error GemmAmaxCudaImpl(cudaStream_t stream, CallSiteState* state, ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::AnyBuffer sfa,
-                            ffi::AnyBuffer sfb, ffi::Result<ffi::AnyBuffer> c, ffi::Result<ffi::AnyBuffer> amax,
-                            ffi::Result<ffi::AnyBuffer> workspace, int32_t sf_vec_size, int32_t tile_m, int32_t tile_n, int32_t cluster_m,
-                            int32_t cluster_n) {
+ffi::Error GemmAmaxCudaImpl(cudaStream_t stream, CallSiteState* state, ffi::AnyBuffer a, ffi::AnyBuffer b,
+                            ffi::AnyBuffer sfa, ffi::AnyBuffer sfb, ffi::Result<ffi::AnyBuffer> c,
+                            ffi::Result<ffi::AnyBuffer> amax, ffi::Result<ffi::AnyBuffer> workspace,
+                            int32_t sf_vec_size, int32_t tile_m, int32_t tile_n, int32_t cluster_m, int32_t cluster_n) {
   GemmAmaxProblem problem;
   const GemmAmaxHints hints{tile_m, tile_n, cluster_m, cluster_n};
   ffi::Error status = DescribeProblem(a, b, sfa, sfb, *c, *amax, sf_vec_size, hints, &problem);
@@ -102,8 +102,9 @@ ffi::Error GemmAmaxCudaImpl(cudaStream_t stream, CallSiteState* state, ffi::AnyB
     if (const char* why = sm90::Unsupported(problem))
       return ffi::Error(ffi::ErrorCode::kUnimplemented, std::string("gemm_amax (sm_90): ") + why);
     unsigned int* reset_word = device < kMaxDevices ? state->reset_word[device] : nullptr;
-    if (reset_word == nullptr) return ffi::Error::Internal("gemm_amax: no reset word for device " + std::to_string(device) +
-                                                           " (the instantiate stage did not prepare it)");
+    if (reset_word == nullptr)
+      return ffi::Error::Internal("gemm_amax: no reset word for device " + std::to_string(device) +
+                                  " (the instantiate stage did not prepare it)");
     err = sm90::Launch(problem, buffers, workspace->untyped_data(), workspace->size_bytes(), stream, reset_word);
     if (err != cudaSuccess) return CudaError(err, "launching the sm_90 kernel");
     return ffi::Error::Success();
@@ -119,8 +120,7 @@ ffi::Error GemmAmaxCudaImpl(cudaStream_t stream, CallSiteState* state, ffi::AnyB
 // The instantiate stage runs once per executable (per call site), outside CUDA-graph capture: load
 // the kernels of every device now, so that the execute stage never loads a module while XLA records
 // a graph, and make this call site's state (its sm_90 reset words).
-ffi::ErrorOr<std::unique_ptr<CallSiteState>> GemmAmaxCudaInstantiateImpl(int32_t, int32_t, int32_t, int32_t,
-                                                                         int32_t) {
+ffi::ErrorOr<std::unique_ptr<CallSiteState>> GemmAmaxCudaInstantiateImpl(int32_t, int32_t, int32_t, int32_t, int32_t) {
   using Result = ffi::ErrorOr<std::unique_ptr<CallSiteState>>;
   const auto fail = [](ffi::Error error) -> Result { return ffi::Unexpected<ffi::Error>(std::move(error)); };
   auto state = std::make_unique<CallSiteState>();
@@ -159,10 +159,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JgaGemmAmaxCudaInstantiate, jga::GemmAmaxCudaInsta
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JgaGemmAmaxCuda, jga::GemmAmaxCudaImpl,
                               xla::ffi::Ffi::Bind()
                                   .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<xla::ffi::State<jga::CallSiteState>>()
-                                  JGA_GEMM_AMAX_BINDING_BUFFERS
+                                  .Ctx<xla::ffi::State<jga::CallSiteState>>() JGA_GEMM_AMAX_BINDING_BUFFERS
                                   .Ret<xla::ffi::AnyBuffer>()  // workspace (uint8; may be empty)
-                                  JGA_GEMM_AMAX_BINDING_ATTRS,
+                              JGA_GEMM_AMAX_BINDING_ATTRS,
                               {xla::ffi::Traits::kCmdBufferCompatible});
 
 // The state's type, registered with XLA before the handlers (jax.ffi.register_ffi_type).

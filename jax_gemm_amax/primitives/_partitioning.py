@@ -51,11 +51,16 @@ def dim_axes(mesh, ndim, sharding) -> tuple[tuple[str, ...], ...]:
             for axes in itertools.permutations(axes_in_use, r)
             if len(shard) > 1 and axes_size(mesh, axes) == len(shard)
         ]
-        result.append(next(
-            (axes for axes in candidates
-             if all(shard[start] == shard_index(coords[dev], axes) for dev, start in starts.items())),
-            (),
-        ))
+        result.append(
+            next(
+                (
+                    axes
+                    for axes in candidates
+                    if all(shard[start] == shard_index(coords[dev], axes) for dev, start in starts.items())
+                ),
+                (),
+            )
+        )
     return tuple(result)
 
 

@@ -68,6 +68,7 @@ gemm_amax_ffi_p.multiple_results = True
 
 # --- abstract eval and impl (both primitives) ---
 
+
 def _split(operands):
     """``(a, b, sfa, sfb)``, sfa None for the weight-only form ``(a, b, sfb)``."""
     if len(operands) == 3:
@@ -81,9 +82,16 @@ def _abstract_eval(*operands, c_dtype, sf_vec_size, tile_m, tile_n, cluster_m, c
     if a.ndim != 3:
         raise ValueError(f"gemm_amax_p takes (L, M, K) operands, got a of shape {a.shape}")
     p, _, _ = check_problem(
-        a, b, sfa, sfb,
-        c_dtype=c_dtype, sf_vec_size=sf_vec_size, acc_dtype=np.float32,
-        mma_tiler_mn=(tile_m, tile_n), cluster_shape_mn=(cluster_m, cluster_n), c_major="n",
+        a,
+        b,
+        sfa,
+        sfb,
+        c_dtype=c_dtype,
+        sf_vec_size=sf_vec_size,
+        acc_dtype=np.float32,
+        mma_tiler_mn=(tile_m, tile_n),
+        cluster_shape_mn=(cluster_m, cluster_n),
+        c_major="n",
     )
     c_dtype = np.dtype(c_dtype)
     n_stored = p.n // 2 if c_dtype == PACKED_FP4 else p.n
@@ -99,6 +107,7 @@ for _prim in (gemm_amax_p, gemm_amax_ffi_p):
 
 
 # --- vmap ---
+
 
 def _batch_rule(args, dims, **params):
     """vmap folds the mapped axis into L: one amax per (mapped item, batch item)."""
@@ -119,14 +128,19 @@ batching.primitive_batchers[gemm_amax_p] = _batch_rule
 
 # --- FFI lowerings of the per-device call (CPU, CUDA) ---
 
+
 def _ffi_lowering(ctx, *operands, target, c_dtype, sf_vec_size, tile_m, tile_n, cluster_m, cluster_n):
     del c_dtype  # carried by the result type
     if len(operands) == 3:
         target = _ffi.CPU_WEIGHT_ONLY_TARGET  # CPU only: the CUDA lowering takes another way
     return jax.ffi.ffi_lowering(target)(
-        ctx, *operands,
-        sf_vec_size=np.int32(sf_vec_size), tile_m=np.int32(tile_m), tile_n=np.int32(tile_n),
-        cluster_m=np.int32(cluster_m), cluster_n=np.int32(cluster_n),
+        ctx,
+        *operands,
+        sf_vec_size=np.int32(sf_vec_size),
+        tile_m=np.int32(tile_m),
+        tile_n=np.int32(tile_n),
+        cluster_m=np.int32(cluster_m),
+        cluster_n=np.int32(cluster_n),
     )
 
 
@@ -176,6 +190,7 @@ mlir.register_lowering(gemm_amax_ffi_p, _cuda_lowering, platform="cuda")
 
 
 # --- partitioning of gemm_amax_p (custom_partitioning and the Shardy rule) ---
+
 
 @dataclasses.dataclass(frozen=True)
 class _Plan:
@@ -248,11 +263,16 @@ def _plan(mesh, a_shape, b_shape, k_groups, c_dtype, a_axes, b_axes, c_axes) -> 
 
 
 def _local_gemm_amax(*args):
-    operands, (c_dtype, sf_vec_size, tile_m, tile_n, cluster_m, cluster_n) = args[:-len(PARAMS)], args[-len(PARAMS):]
+    operands, (c_dtype, sf_vec_size, tile_m, tile_n, cluster_m, cluster_n) = args[: -len(PARAMS)], args[-len(PARAMS) :]
     return tuple(
         gemm_amax_ffi_p.bind(
-            *operands, c_dtype=c_dtype, sf_vec_size=sf_vec_size,
-            tile_m=tile_m, tile_n=tile_n, cluster_m=cluster_m, cluster_n=cluster_n,
+            *operands,
+            c_dtype=c_dtype,
+            sf_vec_size=sf_vec_size,
+            tile_m=tile_m,
+            tile_n=tile_n,
+            cluster_m=cluster_m,
+            cluster_n=cluster_n,
         )
     )
 
@@ -264,7 +284,9 @@ def _plan_from_shapes(c_dtype, sf_vec_size, mesh, arg_shapes, c_sharding):
     return _plan(mesh, a.shape, b.shape, k // sf_vec_size, c_dtype, a_axes, b_axes, c_axes)
 
 
-def _infer_sharding_from_operands(c_dtype, sf_vec_size, tile_m, tile_n, cluster_m, cluster_n, mesh, arg_shapes, result_shape):
+def _infer_sharding_from_operands(
+    c_dtype, sf_vec_size, tile_m, tile_n, cluster_m, cluster_n, mesh, arg_shapes, result_shape
+):
     plan = _plan_from_shapes(c_dtype, sf_vec_size, mesh, arg_shapes, None)
     return plan.result_shardings(mesh)
 
@@ -344,10 +366,7 @@ def _sharding_rule(c_dtype, sf_vec_size, tile_m, tile_n, cluster_m, cluster_n, m
     # The (32, 4, 4) atoms inside a block: their own factors per operand (sfa's and sfb's are
     # unrelated; one shared factor would carry a split of sfa's atom over to sfb and so to b).
     sfa_rule = "" if weight_only else f" l {sfa_rows} {sf_k} ai aj aq,"
-    rule = (
-        f"l {a_rows} {a_k}, l {b_rows} {k_fac},{sfa_rule} l {sfb_rows} {sf_k} bi bj bq"
-        f" -> l {a_rows} {c_cols}, l"
-    )
+    rule = f"l {a_rows} {a_k}, l {b_rows} {k_fac},{sfa_rule} l {sfb_rows} {sf_k} bi bj bq -> l {a_rows} {c_cols}, l"
     return rule, sizes
 
 

@@ -180,6 +180,7 @@ def pmax_nan(amax, axes):
 def _partition(fmt, mode, mesh, arg_shapes, result_shape):
     plan = _plan_from_shapes(fmt, mode, mesh, arg_shapes)
     within_item = plan[1] + plan[2]  # the axes that split one item share its amax
+
     def lower_fn(x):
         with jax.sharding.use_abstract_mesh(manual_mesh(mesh)):
             *outs, amax = _local_quantize(x, fmt, mode)
@@ -250,4 +251,3 @@ def _lower(x, *, fmt, mode):
 mlir.register_lowering(quantize_p, mlir.lower_fun(_lower, multiple_results=True))
 
 require_devices_during_lowering(quantize_p)
-

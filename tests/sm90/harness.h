@@ -17,13 +17,13 @@
 
 using namespace jga;
 
-#define CK(x)                                                                                 \
-  do {                                                                                        \
-    cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                  \
+#define CK(x)                                                                                          \
+  do {                                                                                                 \
+    cudaError_t e_ = (x);                                                                              \
+    if (e_ != cudaSuccess) {                                                                           \
       fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorString(e_), __FILE__, __LINE__, #x); \
-      exit(2);                                                                                \
-    }                                                                                         \
+      exit(2);                                                                                         \
+    }                                                                                                  \
   } while (0)
 
 struct Combo {
@@ -55,13 +55,23 @@ struct DevBufs {
   float* amax = nullptr;
   size_t c_bytes = 0;
   void Free() {
-    cudaFree(a); cudaFree(b); cudaFree(sfa); cudaFree(sfb); cudaFree(c); cudaFree(amax);
+    cudaFree(a);
+    cudaFree(b);
+    cudaFree(sfa);
+    cudaFree(sfb);
+    cudaFree(c);
+    cudaFree(amax);
   }
 };
 
 inline GemmAmaxBuffers Bufs(const DevBufs& d) {
   GemmAmaxBuffers b;
-  b.a = d.a; b.b = d.b; b.sfa = d.sfa; b.sfb = d.sfb; b.c = d.c; b.amax = d.amax;
+  b.a = d.a;
+  b.b = d.b;
+  b.sfa = d.sfa;
+  b.sfb = d.sfb;
+  b.c = d.c;
+  b.amax = d.amax;
   return b;
 }
 
@@ -72,10 +82,13 @@ inline size_t g_ws_bytes = 0;
 // The workspace a launch with options `o` is given. Forced copies go after the split-K area
 // (split plans may take A' too).
 inline size_t WorkspaceFor(const GemmAmaxProblem& p, const sm90::LaunchOptions& o) {
-  const size_t any_plan = static_cast<size_t>(sm90::kMaxSplits) * ((p.m + 255) / 256 * 256) * ((p.n + 127) / 128 * 128) *
-                          p.batch * 4 + 1024 * 1024;
-  const size_t copies = (o.preconvert_b == 1 ? sm90::PreconvertedBBytes(p) : 0) + (o.preconvert_a == 1 ? sm90::PreconvertedABytes(p) : 0);
-  return o.force_splits > 1 ? any_plan + copies : std::max(sm90::WorkspaceBytes(p), sm90::WorkspaceBytes(p, false) + copies);
+  const size_t any_plan =
+      static_cast<size_t>(sm90::kMaxSplits) * ((p.m + 255) / 256 * 256) * ((p.n + 127) / 128 * 128) * p.batch * 4 +
+      1024 * 1024;
+  const size_t copies =
+      (o.preconvert_b == 1 ? sm90::PreconvertedBBytes(p) : 0) + (o.preconvert_a == 1 ? sm90::PreconvertedABytes(p) : 0);
+  return o.force_splits > 1 ? any_plan + copies
+                            : std::max(sm90::WorkspaceBytes(p), sm90::WorkspaceBytes(p, false) + copies);
 }
 
 inline cudaError_t LaunchH(const GemmAmaxProblem& p, const GemmAmaxBuffers& b, const sm90::LaunchOptions& opt) {

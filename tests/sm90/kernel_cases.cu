@@ -64,16 +64,16 @@ static void FillScales(std::vector<uint8_t>& sf, const GemmAmaxProblem& p, int64
       }
 }
 
-static std::vector<float> Dequant(const GemmAmaxProblem& p, const std::vector<uint8_t>& x, const std::vector<uint8_t>& sf,
-                                  int64_t rows) {
+static std::vector<float> Dequant(const GemmAmaxProblem& p, const std::vector<uint8_t>& x,
+                                  const std::vector<uint8_t>& sf, int64_t rows) {
   std::vector<float> out(static_cast<size_t>(p.batch * rows * p.k));
   const int64_t rb = p.operand_row_bytes();
   for (int64_t l = 0; l < p.batch; ++l)
     for (int64_t r = 0; r < rows; ++r) {
       const uint8_t* row = x.data() + (l * rows + r) * rb;
       for (int64_t k = 0; k < p.k; ++k) {
-        const float s =
-            DecodeScale(p.sf_type, sf[l * p.scale_batch_stride(rows) + ScaleOffset(r, k / p.sf_vec_size, p.k_blocks())]);
+        const float s = DecodeScale(
+            p.sf_type, sf[l * p.scale_batch_stride(rows) + ScaleOffset(r, k / p.sf_vec_size, p.k_blocks())]);
         out[(l * rows + r) * p.k + k] = DecodeVal(p, row, k) * s;
       }
     }
@@ -228,8 +228,13 @@ static HostProblem MakeProblem(const Combo& cb, int64_t L, int64_t M, int64_t N,
                                int shi) {
   HostProblem hp;
   GemmAmaxProblem& p = hp.p;
-  p.batch = L; p.m = M; p.n = N; p.k = K;
-  p.ab_type = cb.ab; p.sf_type = cb.sf; p.sf_vec_size = cb.sfv;
+  p.batch = L;
+  p.m = M;
+  p.n = N;
+  p.k = K;
+  p.ab_type = cb.ab;
+  p.sf_type = cb.sf;
+  p.sf_vec_size = cb.sfv;
   const int64_t rb = p.operand_row_bytes();
   hp.a.resize(static_cast<size_t>(L * M * rb));
   hp.b.resize(static_cast<size_t>(L * N * rb));
@@ -306,7 +311,8 @@ static bool RunAndCheck(HostProblem& hp, const Ref& ref, OutputType ct, int forc
   printf("  [%s] %-40s C=%-4s tile=%d splits=%d whole=%d pre=%s(%s)  bad=%lld/%lld worst=%.3g amax[0]=%.8g ref=%.8g\n",
          ok ? "PASS" : "FAIL", tag, CName(ct), force_tile, force_splits, force_whole_tiles,
          pre < 0 ? "auto" : PreName(pre & 2, pre & 1), PreName(plan.preconvert_a, plan.preconvert_b),
-         static_cast<long long>(out.bad), static_cast<long long>(p.batch * p.m * p.n), out.worst, out.amax[0], ref.amax[0]);
+         static_cast<long long>(out.bad), static_cast<long long>(p.batch * p.m * p.n), out.worst, out.amax[0],
+         ref.amax[0]);
   if (out.first_bad >= 0) {
     const int64_t i = out.first_bad;
     printf("         first bad idx=%lld (l=%lld m=%lld n=%lld) ref=%.8g\n", static_cast<long long>(i),
@@ -324,7 +330,7 @@ static int64_t AlignN(int64_t n, OutputType ct) {
 
 // The cases of one operand format.
 static void TestCombo(const Combo& cb, std::mt19937& rng) {
-  const OutputType cts[] = {OutputType::kF32, OutputType::kF16, OutputType::kBF16,
+  const OutputType cts[] = {OutputType::kF32,  OutputType::kF16,  OutputType::kBF16,
                             OutputType::kE4M3, OutputType::kE5M2, OutputType::kE2M1x2};
   printf("== %s ==\n", cb.name);
   // Shape 1: L=3, M=200, N~136..160, K=352 (K tail), all C dtypes, both tile heights.
@@ -352,7 +358,8 @@ static void TestCombo(const Combo& cb, std::mt19937& rng) {
     Ref ref = Reference(hp);
     RunAndCheck(hp, ref, OutputType::kF32, 128, "wide scales L=2 M=300 N=272 K=288");
     RunAndCheck(hp, ref, OutputType::kF32, 256, "wide scales L=2 M=300 N=272 K=288");
-    for (int pre = 1; pre <= 3; ++pre) RunAndCheck(hp, ref, OutputType::kF32, 256, "wide scales L=2 M=300 N=272 K=288", 1, -1, pre);
+    for (int pre = 1; pre <= 3; ++pre)
+      RunAndCheck(hp, ref, OutputType::kF32, 256, "wide scales L=2 M=300 N=272 K=288", 1, -1, pre);
   }
   // Shape 3: tiny.
   {
@@ -366,7 +373,8 @@ static void TestCombo(const Combo& cb, std::mt19937& rng) {
     Ref ref = Reference(hp);
     RunAndCheck(hp, ref, OutputType::kF32, 128, "L=2 M=1000 N=1040 K=1024");
     RunAndCheck(hp, ref, OutputType::kBF16, 256, "L=2 M=1000 N=1040 K=1024");
-    for (int pre = 1; pre <= 3; ++pre) RunAndCheck(hp, ref, OutputType::kF32, 256, "L=2 M=1000 N=1040 K=1024", 1, -1, pre);
+    for (int pre = 1; pre <= 3; ++pre)
+      RunAndCheck(hp, ref, OutputType::kF32, 256, "L=2 M=1000 N=1040 K=1024", 1, -1, pre);
   }
   // Shape 4b, for the A'B' plan's ping-pong kernel: 243 tiles of 128 x 256 (a 2-CTA cluster's), 3-4
   // per cluster, so each warpgroup runs 1-2; full and edge tiles, L = 3, and an odd count of 128-column
@@ -399,14 +407,16 @@ static void TestCombo(const Combo& cb, std::mt19937& rng) {
     hp.sfa[ScaleOffset(5, 1, hp.p.k_blocks())] = (cb.sf == ScaleType::kE8M0) ? 0xFF : 0x7F;
     Ref ref = Reference(hp);
     RunAndCheck(hp, ref, OutputType::kF32, 0, "NaN scale (l=0,m=5,g=1)");
-    for (int pre = 1; pre <= 3; ++pre) RunAndCheck(hp, ref, OutputType::kF32, 256, "NaN scale (l=0,m=5,g=1)", 1, -1, pre);
+    for (int pre = 1; pre <= 3; ++pre)
+      RunAndCheck(hp, ref, OutputType::kF32, 256, "NaN scale (l=0,m=5,g=1)", 1, -1, pre);
     RunAndCheck(hp, ref, OutputType::kE4M3, 0, "NaN scale (l=0,m=5,g=1)");
     // ... and one of B (column 7): the converter's and PreconvertKernel's NaN.
     HostProblem hb = MakeProblem(cb, 2, 200, 136, 352, rng, 120, 134);
     hb.sfb[ScaleOffset(7, 2, hb.p.k_blocks())] = (cb.sf == ScaleType::kE8M0) ? 0xFF : 0x7F;
     Ref refb = Reference(hb);
     RunAndCheck(hb, refb, OutputType::kF32, 256, "NaN scale of B (l=0,n=7,g=2)", 1);
-    for (int pre = 1; pre <= 3; ++pre) RunAndCheck(hb, refb, OutputType::kF32, 256, "NaN scale of B (l=0,n=7,g=2)", 1, -1, pre);
+    for (int pre = 1; pre <= 3; ++pre)
+      RunAndCheck(hb, refb, OutputType::kF32, 256, "NaN scale of B (l=0,n=7,g=2)", 1, -1, pre);
   }
   // amax reset: run once with data, then B = 0 -> amax exactly 0.
   {
@@ -446,8 +456,8 @@ static void TestCombo(const Combo& cb, std::mt19937& rng) {
     bool ok = out.bad == 0;
     for (float a : out.amax) ok &= FloatToBits(a) == 0x7F7F7F7Fu;
     ok ? ++g_pass : ++g_fail;
-    printf("  [%s] no amax (skip_amax), splits=%d: bad=%lld, amax[0] bits %08x (poison 7f7f7f7f)\n", ok ? "PASS" : "FAIL",
-           splits, static_cast<long long>(out.bad), FloatToBits(out.amax[0]));
+    printf("  [%s] no amax (skip_amax), splits=%d: bad=%lld, amax[0] bits %08x (poison 7f7f7f7f)\n",
+           ok ? "PASS" : "FAIL", splits, static_cast<long long>(out.bad), FloatToBits(out.amax[0]));
   }
 }
 

@@ -17,8 +17,8 @@ namespace jga::quantize {
 
 constexpr int kRowThreads = 256;
 constexpr int kTileThreads = 128;
-constexpr int kTileD = 128;      // columns of x per tile (= threads)
-constexpr int kTilePad = 4;      // floats of padding per tile row against bank conflicts
+constexpr int kTileD = 128;  // columns of x per tile (= threads)
+constexpr int kTilePad = 4;  // floats of padding per tile row against bank conflicts
 
 // Running max of one thread over the batch items it visits; flushed on every change of item.
 struct AmaxAccumulator {
@@ -74,7 +74,8 @@ __device__ __forceinline__ void ZeroGroupPadding(uint8_t* s, int64_t row, int64_
 __device__ __forceinline__ void ZeroRowPadding(uint8_t* s, int64_t batch, int64_t rows, int64_t k_blocks) {
   const int64_t row_blocks = CeilDiv(rows, kScaleRowsPerBlock);
   const uint32_t pad_rows = static_cast<uint32_t>(row_blocks * kScaleRowsPerBlock - rows);
-  const uint32_t groups = static_cast<uint32_t>(k_blocks * kScaleGroupsPerBlock);  // pad_rows * groups < 2^32 below K = 2^29
+  const uint32_t groups =
+      static_cast<uint32_t>(k_blocks * kScaleGroupsPerBlock);  // pad_rows * groups < 2^32 below K = 2^29
   const int64_t stride = row_blocks * k_blocks * kScaleBlockElems;
   for (int64_t l = 0; l < batch; ++l) {
     for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < pad_rows * groups; i += gridDim.x * blockDim.x)
@@ -104,8 +105,8 @@ __device__ __forceinline__ void StoreCodes16(uint8_t* dst, const float* v, float
 }
 
 template <QuantizeFormat F, QuantizeInput I>
-__global__ void __launch_bounds__(kRowThreads) RowKernel(QuantizeProblem p, const typename InputTraits<I>::T* x,
-                                                         uint8_t* q, uint8_t* s, unsigned* amax) {
+__global__ void __launch_bounds__(kRowThreads)
+    RowKernel(QuantizeProblem p, const typename InputTraits<I>::T* x, uint8_t* q, uint8_t* s, unsigned* amax) {
   constexpr int kLanesPerBlock = FormatTraits<F>::kVec / 16;
   const int64_t per_row = p.k / 16;  // chunks of 16 elements
   const int64_t groups = p.k / FormatTraits<F>::kVec, k_blocks = p.k_blocks(p.k);
@@ -163,9 +164,9 @@ __device__ __forceinline__ void StoreBlock(uint8_t* dst, const float* v, float m
 }
 
 template <QuantizeFormat F, QuantizeInput I, bool kRows>
-__global__ void __launch_bounds__(kTileThreads) TileKernel(QuantizeProblem p, const typename InputTraits<I>::T* x,
-                                                           uint8_t* q_row, uint8_t* s_row, uint8_t* q_col,
-                                                           uint8_t* s_col, unsigned* amax) {
+__global__ void __launch_bounds__(kTileThreads)
+    TileKernel(QuantizeProblem p, const typename InputTraits<I>::T* x, uint8_t* q_row, uint8_t* s_row, uint8_t* q_col,
+               uint8_t* s_col, unsigned* amax) {
   using T = typename InputTraits<I>::T;
   constexpr int kVec = FormatTraits<F>::kVec;
   // 32 (FP8) or 64 (FP4) rows: each column's codes per tile fill one 32-byte sector.

@@ -166,8 +166,8 @@ __device__ __forceinline__ uint16_t Fp8Pair(float lo, float hi) {
 // sign bit 8 (negative zero included).
 __device__ __forceinline__ uint32_t E2M1Code(float v) {
   const float mag = fabsf(v);
-  uint32_t idx = (mag > 0.25f) + (mag >= 0.75f) + (mag > 1.25f) + (mag >= 1.75f) + (mag > 2.5f) + (mag >= 3.5f) +
-                 (mag > 5.0f);
+  uint32_t idx =
+      (mag > 0.25f) + (mag >= 0.75f) + (mag > 1.25f) + (mag >= 1.75f) + (mag > 2.5f) + (mag >= 3.5f) + (mag > 5.0f);
   const bool nan = v != v;
   if (nan) idx = 7;
   return idx | ((__float_as_uint(v) >> 31) && !nan ? 8u : 0u);

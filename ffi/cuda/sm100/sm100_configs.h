@@ -20,11 +20,11 @@ struct ConfigFns {
 
 // <operand format>_<MMA tile M>x<N>, dynamic cluster; M = 128: 1-SM (tcgen05 cta_group::1), M = 256: 2-SM
 // (cta_group::2, a CTA pair computes one 256-row tile).
-extern const ConfigFns kMxf8_128x128;       // FP8 e4m3 | e5m2 (run-time format), e8m0 scales, sfv 32
+extern const ConfigFns kMxf8_128x128;  // FP8 e4m3 | e5m2 (run-time format), e8m0 scales, sfv 32
 extern const ConfigFns kMxf8_128x256;
-extern const ConfigFns kMxf8_256x128;       // 2-SM
-extern const ConfigFns kMxf4_128x128;       // FP4 e2m1, e8m0 scales, sfv 32 (MXFP4)
-extern const ConfigFns kNvf4_128x128;       // FP4 e2m1, e4m3 scales, sfv 16 (NVFP4)
+extern const ConfigFns kMxf8_256x128;  // 2-SM
+extern const ConfigFns kMxf4_128x128;  // FP4 e2m1, e8m0 scales, sfv 32 (MXFP4)
+extern const ConfigFns kNvf4_128x128;  // FP4 e2m1, e4m3 scales, sfv 16 (NVFP4)
 extern const ConfigFns kNvf4_128x256;
 extern const ConfigFns kFp4E8m0Sfv16_128x128;  // FP4 e2m1, e8m0 scales, sfv 16
 

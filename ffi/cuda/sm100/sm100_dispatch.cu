@@ -40,18 +40,14 @@ enum class Format { kInvalid, kMxf8, kMxf4, kNvf4, kFp4E8m0Sfv16 };
 
 Format FormatOf(const GemmAmaxProblem& p) {
   const bool fp4 = p.fp4_operands();
-  if (!fp4) {
-    return (p.sf_type == ScaleType::kE8M0 && p.sf_vec_size == 32) ? Format::kMxf8 : Format::kInvalid;
-  }
+  if (!fp4) { return (p.sf_type == ScaleType::kE8M0 && p.sf_vec_size == 32) ? Format::kMxf8 : Format::kInvalid; }
   if (p.sf_type == ScaleType::kE8M0 && p.sf_vec_size == 32) return Format::kMxf4;
   if (p.sf_type == ScaleType::kE4M3 && p.sf_vec_size == 16) return Format::kNvf4;
   if (p.sf_type == ScaleType::kE8M0 && p.sf_vec_size == 16) return Format::kFp4E8m0Sfv16;
   return Format::kInvalid;
 }
 
-bool IsWideOutput(OutputType t) {
-  return t == OutputType::kF32 || t == OutputType::kF16 || t == OutputType::kBF16;
-}
+bool IsWideOutput(OutputType t) { return t == OutputType::kF32 || t == OutputType::kF16 || t == OutputType::kBF16; }
 
 // The configuration for `p`, or nullptr with *why set.
 const ConfigFns* Select(const GemmAmaxProblem& p, const char** why) {
@@ -79,8 +75,9 @@ const ConfigFns* Select(const GemmAmaxProblem& p, const char** why) {
     return no("cluster_shape_mn: CLUSTER_M and CLUSTER_N must each be 1, 2 or 4");
   if (p.tile_m == 256) {
     if (format != Format::kMxf8 || p.tile_n != 128)
-      return no("mma_tiler_mn: TILE_M = 256 (2-SM tiles) is built on sm_100 only for fp8 a/b with TILE_N = 128; "
-                "use TILE_M = 128");
+      return no(
+          "mma_tiler_mn: TILE_M = 256 (2-SM tiles) is built on sm_100 only for fp8 a/b with TILE_N = 128; "
+          "use TILE_M = 128");
     if (p.cluster_m % 2 != 0) return no("mma_tiler_mn: TILE_M = 256 (2-SM tiles) needs CLUSTER_M = 2 or 4");
     return &kMxf8_256x128;
   }
@@ -102,11 +99,13 @@ const ConfigFns* Select(const GemmAmaxProblem& p, const char** why) {
       case Format::kMxf8: return &kMxf8_128x256;
       case Format::kNvf4: return &kNvf4_128x256;
       case Format::kMxf4:
-        return no("mma_tiler_mn=(128, 256) is not built for MXFP4 (fp4 a/b, e8m0 scales, sf_vec_size 32) on sm_100; "
-                  "use (128, 128)");
+        return no(
+            "mma_tiler_mn=(128, 256) is not built for MXFP4 (fp4 a/b, e8m0 scales, sf_vec_size 32) on sm_100; "
+            "use (128, 128)");
       case Format::kFp4E8m0Sfv16:
-        return no("mma_tiler_mn=(128, 256) is not built for fp4 a/b with e8m0 scales and sf_vec_size 16 on sm_100; "
-                  "use (128, 128)");
+        return no(
+            "mma_tiler_mn=(128, 256) is not built for fp4 a/b with e8m0 scales and sf_vec_size 16 on sm_100; "
+            "use (128, 128)");
       default: break;
     }
   }

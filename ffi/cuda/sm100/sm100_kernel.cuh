@@ -86,9 +86,7 @@ struct WarpAtomicMax<float> {
 #if defined(__CUDA_ARCH__)
     const unsigned mask = __activemask();
     const int bits = __reduce_max_sync(mask, __float_as_int(value));
-    if (static_cast<int>(threadIdx.x % 32) == __ffs(mask) - 1) {
-      atomicMax(reinterpret_cast<int*>(ptr), bits);
-    }
+    if (static_cast<int>(threadIdx.x % 32) == __ffs(mask) - 1) { atomicMax(reinterpret_cast<int*>(ptr), bits); }
 #endif
     return value;
   }
@@ -185,9 +183,8 @@ class RuntimeOutputEpilogueImpl {
   }
 
   template <class ProblemShape>
-  static cutlass::Status initialize_workspace(ProblemShape const& problem_shape, Arguments const& args,
-                                              void* workspace, cudaStream_t stream,
-                                              cutlass::CudaHostAdapter* cuda_adapter = nullptr) {
+  static cutlass::Status initialize_workspace(ProblemShape const& problem_shape, Arguments const& args, void* workspace,
+                                              cudaStream_t stream, cutlass::CudaHostAdapter* cuda_adapter = nullptr) {
     return FusionCallbacks::initialize_workspace(problem_shape, args.thread, workspace, stream, cuda_adapter);
   }
 
@@ -215,19 +212,17 @@ class RuntimeOutputEpilogueImpl {
     constexpr int FragmentSize = size(EpilogueTile{}) / ThreadCount;
     constexpr int AlignmentD = kStoreBits / cute::sizeof_bits_v<T>;
 
-    Tensor mD = make_tensor(make_gmem_ptr(recast_ptr<T>(reinterpret_cast<T*>(params.ptr_D))), problem_shape_mnl,
-                            params.dD);
+    Tensor mD =
+        make_tensor(make_gmem_ptr(recast_ptr<T>(reinterpret_cast<T*>(params.ptr_D))), problem_shape_mnl, params.dD);
     Tensor tTR_gD = cutlass::epilogue::fusion::sm90_partition_for_epilogue<RefSrc>(
         mD, cta_tile_mnk, cta_coord_mnkl, EpilogueTile{}, tiled_t2r, thread_idx);  // (T2R,T2R_M,T2R_N,EPI_M,EPI_N)
-    Tensor tTR_rT = make_tensor<T>(take<0, 3>(shape(tTR_gD)));                      // (T2R,T2R_M,T2R_N)
+    Tensor tTR_rT = make_tensor<T>(take<0, 3>(shape(tTR_gD)));                     // (T2R,T2R_M,T2R_N)
 
     Tensor src_frg = recast<cutlass::Array<float, FragmentSize>>(coalesce(tTR_rD));
     Tensor dst_frg = recast<cutlass::Array<T, FragmentSize>>(coalesce(tTR_rT));
     cutlass::NumericArrayConverter<T, float, FragmentSize, cutlass::FloatRoundStyle::round_to_nearest> convert;
     CUTLASS_PRAGMA_UNROLL
-    for (int v = 0; v < size(src_frg); ++v) {
-      dst_frg(v) = convert(src_frg(v));
-    }
+    for (int v = 0; v < size(src_frg); ++v) { dst_frg(v) = convert(src_frg(v)); }
 
     constexpr auto mclD = decltype(max_common_layout(tTR_gD(_, _, _, _0{}, _0{}), tTR_rT)){};
     constexpr int VD = cute::min(AlignmentD, size(mclD));
@@ -265,10 +260,10 @@ class RuntimeOutputEpilogueImpl {
 
     constexpr int FragmentSize = size(EpilogueTile{}) / ThreadCount;
 
-    Tensor coordD = make_identity_tensor(problem_shape_mnl);         // (M,N,L) -> (m,n,l)
-    Tensor cD = local_tile(coordD, cta_tiler, cta_coord_mnl);        // (CTA_M,CTA_N) -> (m,n,l)
+    Tensor coordD = make_identity_tensor(problem_shape_mnl);   // (M,N,L) -> (m,n,l)
+    Tensor cD = local_tile(coordD, cta_tiler, cta_coord_mnl);  // (CTA_M,CTA_N) -> (m,n,l)
     Tensor cD_epi = flat_divide(cD, EpilogueTile{});
-    Tensor tTR_cD = thread_t2r.partition_D(cD_epi);                  // (T2R,T2R_M,T2R_N,EPI_M,EPI_N) -> (m,n,l)
+    Tensor tTR_cD = thread_t2r.partition_D(cD_epi);  // (T2R,T2R_M,T2R_N,EPI_M,EPI_N) -> (m,n,l)
 
     Tensor tTR_rAcc = make_tensor<ElementAccumulator>(shape(tTR_cD(_, _, _, _0{}, _0{})));
     Tensor tTR_rD = make_tensor<float>(shape(tTR_cD(_, _, _, _0{}, _0{})));  // visitor output (fp32)
@@ -288,18 +283,9 @@ class RuntimeOutputEpilogueImpl {
 
     Tensor tTR_rD_frg = recast<cutlass::Array<float, FragmentSize>>(coalesce(tTR_rD));
 
-    auto cst_args = cutlass::epilogue::fusion::detail::ConsumerStoreArgs{problem_shape_mnkl,
-                                                                         cta_tile_mnk,
-                                                                         cta_coord_mnkl,
-                                                                         int(0),
-                                                                         EpilogueTile{},
-                                                                         tiled_t2r,
-                                                                         cD_,
-                                                                         residue_cD,
-                                                                         tTR_cD_,
-                                                                         residue_tTR_cD,
-                                                                         tCrC,
-                                                                         thread_idx};
+    auto cst_args = cutlass::epilogue::fusion::detail::ConsumerStoreArgs{
+        problem_shape_mnkl, cta_tile_mnk, cta_coord_mnkl, int(0), EpilogueTile{}, tiled_t2r, cD_,
+        residue_cD,         tTR_cD_,      residue_tTR_cD, tCrC,   thread_idx};
 
     auto synchronize = []() CUTLASS_LAMBDA_FUNC_INLINE {
       cutlass::arch::NamedBarrier::sync(ThreadCount, cutlass::arch::ReservedNamedBarriers::EpilogueBarrier);
@@ -311,9 +297,7 @@ class RuntimeOutputEpilogueImpl {
       // Ensure there are no threads from the previous wave still using shared memory.
       synchronize();
       cst_callbacks.begin();
-      if (cst_callbacks.begin_sync_needed()) {
-        synchronize();
-      }
+      if (cst_callbacks.begin_sync_needed()) { synchronize(); }
 
       [[maybe_unused]] bool reverse_epi_n = ReuseTmem && acc_pipe_consumer_state.phase() == 0;
       static_assert(not(ReuseTmem && AccumulatorPipeline::Stages != 1), "Tmem reuse requires 1 accumulator stage");
@@ -329,9 +313,7 @@ class RuntimeOutputEpilogueImpl {
           bool do_acc_release = is_last_iteration;
 
           if constexpr (ReuseTmem) {
-            if (reverse_epi_n) {
-              epi_n = size<4>(tTR_tAcc) - 1 - iter_n;
-            }
+            if (reverse_epi_n) { epi_n = size<4>(tTR_tAcc) - 1 - iter_n; }
             do_acc_release = iter_m == size<3>(tTR_tAcc) - 1 && iter_n == 0;
           }
 
@@ -374,7 +356,7 @@ class RuntimeOutputEpilogueImpl {
             case OutputType::kE2M1x2: store(cutlass::float_e2m1_t{}); break;
           }
         }  // for epi_m
-      }    // for epi_n
+      }  // for epi_n
 
       cst_callbacks.end();  // amax: one atomic max per thread for this tile
     };
@@ -415,8 +397,8 @@ struct Sm100Gemm {
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, cutlass::layout::RowMajor, 4, float,
       cutlass::layout::RowMajor, 4, EpilogueSchedule_, AmaxTree>::CollectiveOp;
 
-  using CollectiveEpilogue = RuntimeOutputEpilogue<typename StockEpilogue::EpilogueTile, AmaxTree,
-                                                   typename StockEpilogue::CopyOpT2R>;
+  using CollectiveEpilogue =
+      RuntimeOutputEpilogue<typename StockEpilogue::EpilogueTile, AmaxTree, typename StockEpilogue::CopyOpT2R>;
 
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm100, cutlass::arch::OpClassBlockScaledTensorOp, ElementPair, cutlass::layout::RowMajor,
@@ -425,8 +407,8 @@ struct Sm100Gemm {
           sizeof(typename CollectiveEpilogue::SharedStorage))>,
       MainloopSchedule_>::CollectiveOp;
 
-  using GemmKernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
-                                                          CollectiveEpilogue, void>;
+  using GemmKernel =
+      cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop, CollectiveEpilogue, void>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
 };
 
@@ -569,18 +551,18 @@ cudaError_t Prepare() {
 }  // namespace jga
 
 // Defines the ConfigFns entry `name` for a configuration (one per translation unit).
-#define JGA_SM100_DEFINE_CONFIG(name, ...)                                                              \
-  namespace jga {                                                                                       \
-  namespace sm100 {                                                                                     \
-  namespace {                                                                                           \
-  using name##_type = ::jga::sm100::detail::Sm100Gemm<__VA_ARGS__>;                                     \
-  size_t name##_workspace(const GemmAmaxProblem& p) { return detail::WorkspaceOf<name##_type>(p); }     \
+#define JGA_SM100_DEFINE_CONFIG(name, ...)                                                               \
+  namespace jga {                                                                                        \
+  namespace sm100 {                                                                                      \
+  namespace {                                                                                            \
+  using name##_type = ::jga::sm100::detail::Sm100Gemm<__VA_ARGS__>;                                      \
+  size_t name##_workspace(const GemmAmaxProblem& p) { return detail::WorkspaceOf<name##_type>(p); }      \
   cudaError_t name##_launch(const GemmAmaxProblem& p, const GemmAmaxBuffers& b, void* w, cudaStream_t s, \
-                            const char** e) {                                                           \
-    return detail::Run<name##_type>(p, b, w, s, e);                                                     \
-  }                                                                                                     \
-  cudaError_t name##_prepare() { return detail::Prepare<name##_type>(); }                               \
-  }                                                                                                     \
-  extern const ConfigFns name = {&name##_workspace, &name##_launch, &name##_prepare};                   \
-  }                                                                                                     \
+                            const char** e) {                                                            \
+    return detail::Run<name##_type>(p, b, w, s, e);                                                      \
+  }                                                                                                      \
+  cudaError_t name##_prepare() { return detail::Prepare<name##_type>(); }                                \
+  }                                                                                                      \
+  extern const ConfigFns name = {&name##_workspace, &name##_launch, &name##_prepare};                    \
+  }                                                                                                      \
   }

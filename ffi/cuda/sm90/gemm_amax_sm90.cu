@@ -52,7 +52,8 @@ int SmCount(int dev) {
 }
 
 // 3-D byte tensor (K bytes, rows, L), box (128 bytes, box_rows, 1), 128B swizzle.
-bool EncodeOperandMap(CUtensorMap* map, const void* ptr, uint64_t kbytes, uint64_t rows, uint64_t batch, uint32_t box_rows) {
+bool EncodeOperandMap(CUtensorMap* map, const void* ptr, uint64_t kbytes, uint64_t rows, uint64_t batch,
+                      uint32_t box_rows) {
   auto fn = GetEncodeFn();
   if (fn == nullptr) return false;
   cuuint64_t dims[3] = {kbytes, rows, batch};
@@ -150,8 +151,9 @@ cudaError_t LaunchWithOptions(const GemmAmaxProblem& p, const GemmAmaxBuffers& b
   uint8_t* const b_conv = static_cast<uint8_t*>(workspace) + plan.split_bytes;
   uint8_t* const a_conv = b_conv + ((pre & kPreB) ? PreconvertedBBytes(p) : 0);
   const uint64_t conv_row_bytes = static_cast<uint64_t>(PreconvertedRowBytes(p));
-  const bool ok_a = (pre & kPreA) ? EncodeOperandMap(&ctx.tm_a, a_conv, conv_row_bytes, PreconvertedARows(p), p.batch, box_a)
-                                  : EncodeOperandMap(&ctx.tm_a, buf.a, kbytes, p.m, p.batch, box_a);
+  const bool ok_a = (pre & kPreA)
+                        ? EncodeOperandMap(&ctx.tm_a, a_conv, conv_row_bytes, PreconvertedARows(p), p.batch, box_a)
+                        : EncodeOperandMap(&ctx.tm_a, buf.a, kbytes, p.m, p.batch, box_a);
   const bool ok_b = (pre & kPreB) ? EncodeOperandMap(&ctx.tm_b, b_conv, conv_row_bytes, p.n, p.batch, box_b)
                                   : EncodeOperandMap(&ctx.tm_b, buf.b, kbytes, p.n, p.batch, box_b);
   if (!ok_a || !ok_b) return cudaErrorInvalidValue;
@@ -188,7 +190,8 @@ cudaError_t LaunchWithOptions(const GemmAmaxProblem& p, const GemmAmaxBuffers& b
   k.split_tiles = k.tiles_total - plan.whole_tiles;
   k.units_total = k.whole_tiles + k.split_tiles * plan.splits;
   k.tile_ready = plan.splits > 1 ? static_cast<unsigned int*>(workspace) : nullptr;
-  k.partials = plan.splits > 1 ? reinterpret_cast<float*>(static_cast<uint8_t*>(workspace) + plan.ready_bytes) : nullptr;
+  k.partials =
+      plan.splits > 1 ? reinterpret_cast<float*>(static_cast<uint8_t*>(workspace) + plan.ready_bytes) : nullptr;
   ctx.grid = std::min(k.units_total, sms / cluster) * cluster;
   ctx.mi = mi;
   ctx.pre = kernel_pre;
@@ -245,8 +248,7 @@ bool Prepared() {
   return cudaGetDevice(&dev) == cudaSuccess && dev < kMaxDevices && g_prepared[dev].load(std::memory_order_acquire);
 }
 
-cudaError_t PlanFor(const GemmAmaxProblem& p, size_t workspace_bytes, const PlanOptions& opt, PlanInfo* info,
-                    int sms) {
+cudaError_t PlanFor(const GemmAmaxProblem& p, size_t workspace_bytes, const PlanOptions& opt, PlanInfo* info, int sms) {
   int dev = -1;
   if (sms <= 0) {
     const cudaError_t err = cudaGetDevice(&dev);

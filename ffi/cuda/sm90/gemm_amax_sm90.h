@@ -46,7 +46,8 @@ cudaError_t Launch(const GemmAmaxProblem& p, const GemmAmaxBuffers& buf, void* w
 struct PlanInfo {
   int tile_m = 0, splits = 0, whole_tiles = 0;  // whole_tiles: tiles run unsplit before the split ones
   bool preconvert_a = false, preconvert_b = false;
-  int clusters = 0;  // co-resident clusters of the plan's kernel (the persistent grid's cap); 0 until a launch has prepared this device
+  int clusters = 0;  // co-resident clusters of the plan's kernel (the persistent grid's cap); 0 until a launch has
+                     // prepared this device
 };
 // The plan a launch would take on the current device, or, with sms > 0, on a GPU with that many SMs
 // (host arithmetic, no device needed; clusters stays 0).

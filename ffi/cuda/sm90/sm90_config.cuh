@@ -19,22 +19,22 @@ struct VariantTraits {
   static constexpr int kSfv = (V == kV_MXFP4_16 || V == kV_NVFP4) ? 16 : 32;
   // One raw stage ("slab") = 128 bytes of K per row: 128 fp8 or 256 fp4 elements.
   static constexpr int kKPerSlab = kFp4 ? 256 : 128;
-  static constexpr int kGroupsPerSlab = kKPerSlab / kSfv;      // 4, 8 or 16
+  static constexpr int kGroupsPerSlab = kKPerSlab / kSfv;         // 4, 8 or 16
   static constexpr int kScaleBlocksPerSlab = kGroupsPerSlab / 4;  // 1, 2 or 4
-  static constexpr int kUnitsPerSlab = kKPerSlab / 64;         // 64-K MMA units per slab: 2 or 4
+  static constexpr int kUnitsPerSlab = kKPerSlab / 64;            // 64-K MMA units per slab: 2 or 4
   // Raw BF16 bits of a code are value * 2^-kO; fp4 operands get an extra 2^-kD.
   static constexpr int kO = (V == kV_E4M3) ? 120 : (V == kV_E5M2) ? 112 : 126;
   static constexpr int kD = kFp4 ? 8 : 0;
-  static constexpr int kOD = kO - kD;         // multiplier exponent field = s + kOD
-  static constexpr int kT = 254 - kOD;        // largest e8m0 byte handled by one multiply
+  static constexpr int kOD = kO - kD;                         // multiplier exponent field = s + kOD
+  static constexpr int kT = 254 - kOD;                        // largest e8m0 byte handled by one multiply
   static constexpr float kAccScale = kFp4 ? 65536.0f : 1.0f;  // 2^(2D)
 };
 
 struct KParams {
   int m, n, l;
-  int k_groups;        // K / sfv
-  int k_blocks;        // ceil(k_groups / 4): scale blocks along K
-  int num_kslabs;      // ceil(K bytes / 64)
+  int k_groups;    // K / sfv
+  int k_blocks;    // ceil(k_groups / 4): scale blocks along K
+  int num_kslabs;  // ceil(K bytes / 64)
   int row_blocks_a, row_blocks_b;
   long long sfa_batch_stride, sfb_batch_stride;
   const uint8_t* sfa;
@@ -42,8 +42,8 @@ struct KParams {
   void* c;
   float* amax;
   int c_type;
-  int c_aligned16;     // every C row starts 16-byte aligned: full tiles take the staged epilogue
-  int flags;           // kFlagNoAmax: skip amax
+  int c_aligned16;  // every C row starts 16-byte aligned: full tiles take the staged epilogue
+  int flags;        // kFlagNoAmax: skip amax
   // From here on the fields keep the 8-byte alignment of the layout the kernels' SASS and timings
   // were measured with (ptxas pairs 4-byte fields into 64-bit constant loads).
   alignas(8) int tiles_m;
@@ -57,11 +57,11 @@ struct KParams {
   // before the launch); split S-1, the reducer, waits for that count, adds the partials and runs
   // the epilogue. splits == 1: no workspace.
   int splits;
-  int split_slabs;     // K slabs of each non-reducing split; the reducer takes the rest (see DecodeUnit)
+  int split_slabs;  // K slabs of each non-reducing split; the reducer takes the rest (see DecodeUnit)
   int whole_tiles, split_tiles;
-  int units_total;     // whole_tiles + split_tiles * splits
+  int units_total;           // whole_tiles + split_tiles * splits
   unsigned int* tile_ready;  // [split_tiles]
-  float* partials;     // [(splits - 1) * split_tiles][kBM * kBN] in the consumers' fragment order
+  float* partials;           // [(splits - 1) * split_tiles][kBM * kBN] in the consumers' fragment order
   // The kernel zeroes amax and tile_ready itself (no kernel before it): CTA 0 writes the zeroes,
   // then every CTA arrives on one round of this word, and the consumers wait for the round to
   // complete before their first atomic (ResetRound). nullptr: nothing to zero (no amax, unsplit).
@@ -129,19 +129,20 @@ struct Smem {
   using Tr = VariantTraits<V>;
   static constexpr bool kPreconvertedA = (kPre & kPreA) != 0, kPreconvertedB = (kPre & kPreB) != 0;
   static constexpr bool kPingPongTiles = (kPre & kPingPong) != 0;
-  static_assert(!kPingPongTiles || (kPreconvertedA && kPreconvertedB && MI == 2), "ping-pong: A'B' tile 256 kernel only");
+  static_assert(!kPingPongTiles || (kPreconvertedA && kPreconvertedB && MI == 2),
+                "ping-pong: A'B' tile 256 kernel only");
   static_assert(kPingPongTiles || !(kPreconvertedA && kPreconvertedB), "A'B': the ping-pong kernel only");
   static constexpr int kClusterCTAs = ClusterCTAs(kPre);
   static constexpr int kBM = TileRows(kPre, MI);
   // m-tiles per group of the tile raster (DecodeTile): 2048 rows at tile 256, in both kernels.
   static constexpr int kRasterMTiles = kPingPongTiles ? 16 : 8;
   static constexpr int kRawStages = (kPreconvertedA && kPreconvertedB) ? 0
-                                    : kPreconvertedB                  ? 4
-                                    : kPreconvertedA                  ? 3
-                                                                      : (MI == 2 ? 3 : 4);
+                                    : kPreconvertedB                   ? 4
+                                    : kPreconvertedA                   ? 3
+                                                                       : (MI == 2 ? 3 : 4);
   static constexpr int kRawA = kPreconvertedA ? 0 : kBM * 128;
   static constexpr int kRawB = kPreconvertedB ? 0 : kBN * 128;
-  static constexpr int kBufB = kBN * 128;  // bf16 B of one 64-K unit: 128 rows x 128 bytes
+  static constexpr int kBufB = kBN * 128;                       // bf16 B of one 64-K unit: 128 rows x 128 bytes
   static constexpr int kBufA = kPreconvertedA ? kBM * 128 : 0;  // bf16 A of one 64-K unit
   static constexpr int kAStages = kPingPongTiles ? 6 : kPreconvertedA ? 3 : 0;
   static constexpr int kSfA = kPreconvertedA ? 0 : MI * Tr::kScaleBlocksPerSlab * 512;
@@ -149,10 +150,10 @@ struct Smem {
   static constexpr int kRawBytes = kRawStages * (kRawA + kRawB + kSfA + kSfB);
   static constexpr int kFixedBytes = 1024 + 256 + 8 * kStageBytesPerWarp;  // alignment slack, barriers, epilogue
   static constexpr int kUsed = kRawBytes + kAStages * kBufA + kFixedBytes;
-  static constexpr int kBStages = kPingPongTiles ? kAStages
+  static constexpr int kBStages = kPingPongTiles                                        ? kAStages
                                   : (kPreconvertedB && kUsed + 5 * kBufB <= 227 * 1024) ? 5
-                                  : (kUsed + 4 * kBufB <= 227 * 1024)                 ? 4
-                                                                                      : 3;
+                                  : (kUsed + 4 * kBufB <= 227 * 1024)                   ? 4
+                                                                                        : 3;
   static constexpr int kOffRawA = 0;
   static constexpr int kOffRawB = kOffRawA + kRawStages * kRawA;
   static constexpr int kOffBufB = kOffRawB + kRawStages * kRawB;
@@ -160,8 +161,10 @@ struct Smem {
   static constexpr int kOffSfA = kOffBufA + kAStages * kBufA;
   static constexpr int kOffSfB = kOffSfA + kRawStages * kSfA;
   static constexpr int kOffBar = kOffSfB + kRawStages * kSfB;
-  static constexpr int kNumBars = 2 * (kRawStages + kBStages + kAStages) + 3;  // + the ping-pong order pair, the reset round
-  static constexpr int kOffStage = (kOffBar + kNumBars * 8 + 127) / 128 * 128;  // epilogue staging, 1 KB per consumer warp
+  static constexpr int kNumBars =
+      2 * (kRawStages + kBStages + kAStages) + 3;  // + the ping-pong order pair, the reset round
+  static constexpr int kOffStage =
+      (kOffBar + kNumBars * 8 + 127) / 128 * 128;  // epilogue staging, 1 KB per consumer warp
   static constexpr int kBytes = kOffStage + 8 * kStageBytesPerWarp;
   static constexpr int kDynBytes = kBytes + 1024;  // slack for 1024-byte alignment
   static constexpr uint32_t kTxBytes = kRawA + kRawB + kSfA + kSfB;

@@ -172,10 +172,14 @@ __device__ __forceinline__ void Consume(const Cta<Smem<V, MI, kPre>>& cta) {
               const uint32_t addr = a_addr + (mi * 64 + rr * 8) * 128;
               if constexpr (!Tr::kFp4) {
                 const uint4 q = Lds128(addr);
-                rawv[mi][rr][0] = q.x; rawv[mi][rr][1] = q.y; rawv[mi][rr][RW - 2] = q.z; rawv[mi][rr][RW - 1] = q.w;
+                rawv[mi][rr][0] = q.x;
+                rawv[mi][rr][1] = q.y;
+                rawv[mi][rr][RW - 2] = q.z;
+                rawv[mi][rr][RW - 1] = q.w;
               } else {
                 const uint2 q = Lds64(addr);
-                rawv[mi][rr][0] = q.x; rawv[mi][rr][1] = q.y;
+                rawv[mi][rr][0] = q.x;
+                rawv[mi][rr][1] = q.y;
               }
               if constexpr (Tr::kFp4) svp |= Lds8(s_addr + sf_row_off[mi][rr]) << (8 * (mi * 2 + rr));
             }

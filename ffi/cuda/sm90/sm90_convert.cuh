@@ -110,9 +110,13 @@ __device__ __forceinline__ void GatherRowUnit(int ui, int slab, int k_groups, Lo
   for (int t = 0; t < 4; ++t) {
     const uint4 v = load_piece(UnitChunk<V>(ui, t), ui & 1);
     if constexpr (!Tr::kFp4) {
-      codes[4 * t] = v.x; codes[4 * t + 1] = v.y; codes[4 * t + 2] = v.z; codes[4 * t + 3] = v.w;
+      codes[4 * t] = v.x;
+      codes[4 * t + 1] = v.y;
+      codes[4 * t + 2] = v.z;
+      codes[4 * t + 3] = v.w;
     } else {
-      codes[2 * t] = v.x; codes[2 * t + 1] = v.y;
+      codes[2 * t] = v.x;
+      codes[2 * t + 1] = v.y;
     }
   }
 #pragma unroll
@@ -146,8 +150,8 @@ __device__ __forceinline__ void WithSecondMultiplyIfAny(bool any_big, Convert&& 
 // a 128B-swizzled TMA load of 128-byte rows puts it where the converter would.
 // Must be called by whole warps (a vote picks the rare two-multiply path).
 template <int V, class Store>
-__device__ __forceinline__ void ConvertRowUnit(const uint32_t (&codes)[16], const uint32_t (&sf)[4], const bool (&valid)[4],
-                                             Store&& store) {
+__device__ __forceinline__ void ConvertRowUnit(const uint32_t (&codes)[16], const uint32_t (&sf)[4],
+                                               const bool (&valid)[4], Store&& store) {
   using Tr = VariantTraits<V>;
   if constexpr (!Tr::kFp4) {
     uint32_t m1[2], m2[2];
@@ -228,8 +232,8 @@ constexpr int kAWords = VariantTraits<V>::kFp4 ? 2 : 4;
 // two halves of the k-step). The same values as ConvertRowUnit, in fragment layout. Must be called
 // by whole warps (a vote picks the rare two-multiply path).
 template <int V, class ScaleByte>
-__device__ __forceinline__ void ConvertAFragment(const uint32_t (&raw)[2][kAWords<V>], ScaleByte&& scale_byte, bool valid,
-                                                 uint32_t (&f)[4][4]) {
+__device__ __forceinline__ void ConvertAFragment(const uint32_t (&raw)[2][kAWords<V>], ScaleByte&& scale_byte,
+                                                 bool valid, uint32_t (&f)[4][4]) {
   using Tr = VariantTraits<V>;
   uint32_t m1v[2], m2v[2];
   bool any_big;
@@ -262,7 +266,8 @@ __device__ __forceinline__ void ConvertAFragment(const uint32_t (&raw)[2][kAWord
       for (int s = 0; s < 4; ++s) Fp8WordToRaw<V>(raw[rr][s], pr[s][0], pr[s][1]);
     } else {
 #pragma unroll
-      for (int w = 0; w < 2; ++w) Fp4WordToRaw(raw[rr][w], pr[2 * w][0], pr[2 * w][1], pr[2 * w + 1][0], pr[2 * w + 1][1]);
+      for (int w = 0; w < 2; ++w)
+        Fp4WordToRaw(raw[rr][w], pr[2 * w][0], pr[2 * w][1], pr[2 * w + 1][0], pr[2 * w + 1][1]);
     }
 #pragma unroll
     for (int s = 0; s < 4; ++s)

@@ -101,20 +101,23 @@ __device__ __forceinline__ void FlushAmax(float m, float* amax, int l) {
 // Staged chunks are XOR-swizzled so that the fragment-layout writes
 // are free of bank conflicts.
 template <int CT, int MI, int V>
-__device__ __forceinline__ void Epilogue(float (&acc)[MI][64], const KParams& p, int l, int row_w, int col_t,
-                                         bool full, uint32_t stage, int lane, float& amax_run) {
+__device__ __forceinline__ void Epilogue(float (&acc)[MI][64], const KParams& p, int l, int row_w, int col_t, bool full,
+                                         uint32_t stage, int lane, float& amax_run) {
   const int gr = FragRow(lane >> 2), t = lane & 3;  // this thread's rows: gr, gr + 8 of each 16
   const size_t batch_off = static_cast<size_t>(l) * p.m;
   auto value = [&](int mi, int i) { return acc[mi][i] * VariantTraits<V>::kAccScale; };
   if (full && p.c_aligned16) {
-    constexpr int PB = kPairBytes<CT>;        // bytes of one thread's pair; 4 * PB per row per j
-    constexpr int RB = PB == 1 ? 64 : 128;     // staged bytes per row and round (a tile row of e2m1 is 64)
-    constexpr int JR = RB / (4 * PB);          // 8-column groups per round
-    constexpr int CPR = RB / 16;               // 16-byte chunks per staged row
+    constexpr int PB = kPairBytes<CT>;      // bytes of one thread's pair; 4 * PB per row per j
+    constexpr int RB = PB == 1 ? 64 : 128;  // staged bytes per row and round (a tile row of e2m1 is 64)
+    constexpr int JR = RB / (4 * PB);       // 8-column groups per round
+    constexpr int CPR = RB / 16;            // 16-byte chunks per staged row
     // Chunk swizzle: the 8 rows of a fragment-layout store land in distinct banks.
-    auto swz = [](int row, int chunk) { return PB == 8 ? chunk ^ ((2 * row) & 6) : PB == 1 ? chunk ^ ((row >> 1) & 3) : chunk ^ (row & 7); };
+    auto swz = [](int row, int chunk) {
+      return PB == 8 ? chunk ^ ((2 * row) & 6) : PB == 1 ? chunk ^ ((row >> 1) & 3) : chunk ^ (row & 7);
+    };
     const size_t row_pitch = static_cast<size_t>(p.n) * PB / 2;  // bytes (PB / 2 per element; e2m1: n / 2)
-    uint8_t* const c_tile = static_cast<uint8_t*>(p.c) + (batch_off + row_w) * row_pitch + static_cast<size_t>(col_t) * PB / 2;
+    uint8_t* const c_tile =
+        static_cast<uint8_t*>(p.c) + (batch_off + row_w) * row_pitch + static_cast<size_t>(col_t) * PB / 2;
 #pragma unroll
     for (int mi = 0; mi < MI; ++mi) {
 #pragma unroll
@@ -148,7 +151,7 @@ __device__ __forceinline__ void Epilogue(float (&acc)[MI][64], const KParams& p,
             const uint4 v = Lds128(stage + r * RB + (swz(r, c) << 4));
             uint8_t* dst = c_tile + (mi * 64 + rr * 8 + r) * row_pitch + cb * RB + c * 16;
             asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
-                           : "memory");
+                         : "memory");
           }
           __syncwarp();
         }

@@ -71,7 +71,8 @@ namespace sm90 {
 // of converting A into registers.
 template <int V, int MI, bool kSplitK, int kPre>
 __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
-    GemmAmaxKernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_b, const KParams p) {
+    GemmAmaxKernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_b,
+                   const KParams p) {
   using S = Smem<V, MI, kPre>;
   using R = Roles<MI>;
   constexpr int kCl = S::kClusterCTAs;
@@ -98,14 +99,15 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
       // the warps that read the stage: consumers (A codes), converters (B codes)
       MbarInit(bar.empty_raw + 8 * s, (S::kPreconvertedA ? 0 : 8) + (S::kPreconvertedB ? 0 : 4 * R::kConverterWGs));
     }
-    constexpr int kReaders = S::kPingPongTiles ? 4 : 8;  // consumer warps that read a stage
+    constexpr int kReaders = S::kPingPongTiles ? 4 : 8;      // consumer warps that read a stage
     constexpr int kAReaderCTAs = S::kPingPongTiles ? 2 : 1;  // CTAs whose consumers read an A' stage
     for (int s = 0; s < S::kAStages; ++s) {
       MbarInit(bar.full_a + 8 * s, 1);  // the producer's arrive (+ TMA bytes)
       MbarInit(bar.empty_a + 8 * s, kReaders * kAReaderCTAs);
     }
     for (int s = 0; s < S::kBStages; ++s) {
-      MbarInit(bar.full_b + 8 * s, S::kPreconvertedB ? 1 : 4);  // the producer's arrive (+ TMA bytes), or the converter warps
+      MbarInit(bar.full_b + 8 * s,
+               S::kPreconvertedB ? 1 : 4);  // the producer's arrive (+ TMA bytes), or the converter warps
       MbarInit(bar.empty_b + 8 * s, kReaders);
     }
     if constexpr (S::kPingPongTiles) {
@@ -118,8 +120,14 @@ __global__ void __launch_bounds__(Roles<MI>::kThreads, 1)
   }
   __syncthreads();
   ClusterSync<kCl>();  // the peers' barriers are initialized before any multicast or remote arrive
-  const Cta<S> cta{p, smem, bar, static_cast<int>(ClusterCtaRank<kCl>()), static_cast<int>(blockIdx.x / kCl),
-                   static_cast<int>(gridDim.x / kCl), warp_idx, lane};
+  const Cta<S> cta{p,
+                   smem,
+                   bar,
+                   static_cast<int>(ClusterCtaRank<kCl>()),
+                   static_cast<int>(blockIdx.x / kCl),
+                   static_cast<int>(gridDim.x / kCl),
+                   warp_idx,
+                   lane};
 
   if (warp_idx < 4) {
     // WG0, the producer: a warpgroup of its own, since issuing the copies must not delay the B

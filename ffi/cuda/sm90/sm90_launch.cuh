@@ -167,13 +167,13 @@ cudaError_t LaunchVariantMI(const LaunchCtx& ctx) {
   return ctx.params.splits > 1 ? LaunchKernel<V, MI, true>(ctx, false) : LaunchKernel<V, MI, false>(ctx, false);
 }
 
-#define JGA_SM90_INSTANTIATE_VARIANT(V)                                            \
-  cudaError_t LaunchVariant##V(const LaunchCtx& ctx) {                             \
+#define JGA_SM90_INSTANTIATE_VARIANT(V)                                           \
+  cudaError_t LaunchVariant##V(const LaunchCtx& ctx) {                            \
     return ctx.mi == 2 ? LaunchVariantMI<V, 2>(ctx) : LaunchVariantMI<V, 1>(ctx); \
-  }                                                                                \
-  cudaError_t PrepareVariant##V() {                                                \
-    cudaError_t err = ConfigureKernels<V, 1>();                                    \
-    return err != cudaSuccess ? err : ConfigureKernels<V, 2>();                    \
+  }                                                                               \
+  cudaError_t PrepareVariant##V() {                                               \
+    cudaError_t err = ConfigureKernels<V, 1>();                                   \
+    return err != cudaSuccess ? err : ConfigureKernels<V, 2>();                   \
   }
 
 }  // namespace sm90

@@ -89,9 +89,9 @@ double PassUnits(const GemmAmaxProblem& p, int pre) {
 // every n-tile converts the same A rows). Operands the options force (`required`) are taken by
 // every candidate that allows them.
 struct PreChoices {
-  int unsplit = 0;            // kPreA | kPreB
-  bool split_a = false;       // A wanted for split plans
-  int required = 0;           // forced by the options
+  int unsplit = 0;       // kPreA | kPreB
+  bool split_a = false;  // A wanted for split plans
+  int required = 0;      // forced by the options
   size_t workspace_bytes = 0;
 };
 
@@ -112,9 +112,7 @@ Plan MakePlan(const GemmAmaxProblem& p, int sms, const PlanOptions& opt, size_t 
     const double rate = mi == 2 ? 1.0 : 0.60, epilogue = mi == 2 ? 2.4 : 1.6;
     // A wave: its main loop (the units: what pre-converted operands speed up), its epilogue, and
     // with split-K the hand-over of partial tiles.
-    auto wave_units = [&](int splits) {
-      return static_cast<double>(CeilDiv(nslabs, splits) * units_per_slab) * rate;
-    };
+    auto wave_units = [&](int splits) { return static_cast<double>(CeilDiv(nslabs, splits) * units_per_slab) * rate; };
     auto wave_cost = [&](int splits) {
       return wave_units(splits) + epilogue + (splits > 1 ? kSplitCostPerRowBlock * mi * (splits - 1) + 0.6 : 0.0);
     };
@@ -133,7 +131,8 @@ Plan MakePlan(const GemmAmaxProblem& p, int sms, const PlanOptions& opt, size_t 
         if (whole < 0) continue;
         const long long split_tiles = tiles - whole;
         const size_t ready_bytes = static_cast<size_t>(CeilDiv(split_tiles * 4, 256) * 256);
-        const size_t need = static_cast<size_t>(splits - 1) * split_tiles * (128 * mi) * 128 * sizeof(float) + ready_bytes;
+        const size_t need =
+            static_cast<size_t>(splits - 1) * split_tiles * (128 * mi) * 128 * sizeof(float) + ready_bytes;
         if (splits > 1 && need > available) continue;
         const double whole_waves = static_cast<double>(CeilDiv(whole, sms));
         const double split_waves = static_cast<double>(CeilDiv(split_tiles * splits, sms));
@@ -151,11 +150,14 @@ Plan MakePlan(const GemmAmaxProblem& p, int sms, const PlanOptions& opt, size_t 
         for (int x = 0; x <= 3; ++x) {
           if ((x & ~allowed) != 0 || (pc.required & allowed & ~x) != 0) continue;
           // A'B' (offered to unsplit tile 256 only) runs the ping-pong kernel: its own waves.
-          const double c = (x == (kPreA | kPreB)
-                                ? pingpong_waves * (wave_units(1) * (1 - saving[x]) + epilogue / 2) + epilogue / 2
-                                : gemm - main_loop * saving[x]) +
-                           pass_units[x];
-          if (pre < 0 || c < cost) { pre = x; cost = c; }
+          const double c =
+              (x == (kPreA | kPreB) ? pingpong_waves * (wave_units(1) * (1 - saving[x]) + epilogue / 2) + epilogue / 2
+                                    : gemm - main_loop * saving[x]) +
+              pass_units[x];
+          if (pre < 0 || c < cost) {
+            pre = x;
+            cost = c;
+          }
         }
         // A candidate must be 2% cheaper than the best so far (the model's error), except a tail
         // split of the same tiles as the best: the two share their whole waves, so the model's
@@ -177,7 +179,6 @@ Plan MakePlan(const GemmAmaxProblem& p, int sms, const PlanOptions& opt, size_t 
   }
   return best;
 }
-
 
 // Split-K: partial slots for every tile (few tiles), or kSplitMaxElems elements (a tail split: the
 // last wave's tiles only), and the tile counters. Plans never use more than this, however large

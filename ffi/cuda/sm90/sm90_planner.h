@@ -60,7 +60,7 @@ struct PlanOptions {
 };
 
 struct Plan {
-  int mi = 2;              // tile height / 128
+  int mi = 2;  // tile height / 128
   int splits = 1;
   int whole_tiles = 0;     // tiles run unsplit before the split ones (a tail split)
   size_t ready_bytes = 0;  // split-K counters, at the start of the workspace; partials follow

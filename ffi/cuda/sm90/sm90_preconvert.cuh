@@ -29,9 +29,9 @@ struct PreconvertParams {
   long long sf_batch_stride;
   long long row_bytes;  // bytes of K per row of codes
   int rows, l, units_per_row, k_groups, k_blocks;
-  int units;            // l x rows x units_per_row (< 2^31: the host checks)
-  int out_rows;         // rows per batch item of out: rows (B) or rows rounded up to 8 (A)
-  int frag_order;       // 1: A (rows permuted within 8-row groups, as above)
+  int units;       // l x rows x units_per_row (< 2^31: the host checks)
+  int out_rows;    // rows per batch item of out: rows (B) or rows rounded up to 8 (A)
+  int frag_order;  // 1: A (rows permuted within 8-row groups, as above)
 };
 __device__ __forceinline__ int FragOrderRow(int r) {  // the inverse of FragRow within an 8-row group
   return (r & ~7) | ((r & 3) << 1) | ((r >> 2) & 1);
@@ -82,7 +82,8 @@ __device__ __forceinline__ void GatherPreconvertUnit(const PreconvertParams& q, 
   GatherRowUnit<V>(
       ui, slab, k_groups,
       [&](int chunk, int half) {
-        if (!live || slab * 128ll + 16 * chunk >= q.row_bytes) return make_uint4(0, 0, 0, 0);  // past K (rows are 16-byte multiples)
+        if (!live || slab * 128ll + 16 * chunk >= q.row_bytes)
+          return make_uint4(0, 0, 0, 0);  // past K (rows are 16-byte multiples)
         if constexpr (!Tr::kFp4) {
           return __ldg(reinterpret_cast<const uint4*>(src + 16 * chunk));
         } else {
@@ -92,7 +93,8 @@ __device__ __forceinline__ void GatherPreconvertUnit(const PreconvertParams& q, 
       },
       [&](int gis) {
         const int group = slab * Tr::kGroupsPerSlab + gis;
-        return group < k_groups ? static_cast<uint32_t>(__ldg(sfr + (group >> 2) * 512 + SfInBlock(pos.r, group & 3))) : 0u;
+        return group < k_groups ? static_cast<uint32_t>(__ldg(sfr + (group >> 2) * 512 + SfInBlock(pos.r, group & 3)))
+                                : 0u;
       },
       codes, sf, valid);
 }

@@ -59,13 +59,15 @@ __device__ __forceinline__ void ProduceRawStages(const Cta<Smem<V, MI, kPre>>& c
 #pragma unroll
             for (int i = 0; i < MI; ++i) {
               const int rb = min(pc.mt * MI + i, p.row_blocks_a - 1);
-              const uint8_t* src = p.sfa + pc.l * p.sfa_batch_stride + (static_cast<long long>(rb) * p.k_blocks + kb4) * 512;
+              const uint8_t* src =
+                  p.sfa + pc.l * p.sfa_batch_stride + (static_cast<long long>(rb) * p.k_blocks + kb4) * 512;
               BulkLoad(smem + S::kOffSfA + ring.stage * S::kSfA + (i * kNSB + j) * 512, src, 512, fb);
             }
           }
           if constexpr (!S::kPreconvertedB) {
             const int rbb = min(my_nt, p.row_blocks_b - 1);
-            const uint8_t* srcb = p.sfb + pc.l * p.sfb_batch_stride + (static_cast<long long>(rbb) * p.k_blocks + kb4) * 512;
+            const uint8_t* srcb =
+                p.sfb + pc.l * p.sfb_batch_stride + (static_cast<long long>(rbb) * p.k_blocks + kb4) * 512;
             BulkLoad(smem + S::kOffSfB + ring.stage * S::kSfB + j * 512, srcb, 512, fb);
           }
         }

@@ -24,13 +24,15 @@ __device__ __forceinline__ float4* PartialSlot(const KParams& p, int slot, int t
   return reinterpret_cast<float4*>(p.partials + index * (MI * 128 * kBN)) + ctid;
 }
 template <int MI>
-__device__ __forceinline__ void StorePartial(const float (&acc)[MI][64], const KParams& p, const WorkUnit& w, int ctid) {
+__device__ __forceinline__ void StorePartial(const float (&acc)[MI][64], const KParams& p, const WorkUnit& w,
+                                             int ctid) {
   float4* dst = PartialSlot<MI>(p, w.split, w.tile, ctid);
 #pragma unroll
   for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
     for (int j = 0; j < 16; ++j)
-      __stcg(dst + (mi * 16 + j) * 256, make_float4(acc[mi][4 * j], acc[mi][4 * j + 1], acc[mi][4 * j + 2], acc[mi][4 * j + 3]));
+      __stcg(dst + (mi * 16 + j) * 256,
+             make_float4(acc[mi][4 * j], acc[mi][4 * j + 1], acc[mi][4 * j + 2], acc[mi][4 * j + 3]));
   // The barrier orders every consumer thread's stores before thread 0's release (cumulativity).
   ConsumerBarrier();
   asm volatile(

@@ -1,11 +1,14 @@
 // The quantize kernels (memory-bound; arithmetic in quantize_numerics.cuh):
-//   * RowKernel, rowwise only: streaming, grid-stride; each thread owns 16 consecutive elements
-//     of a row (16-byte loads, one 16- or 8-byte store of codes), an MX block of 32 is two
-//     neighbouring lanes (one shuffle for its amax).
-//   * TileKernel, columnwise (and the pair): a tile of kTileT rows x 128 columns of x goes through
-//     shared memory as fp32; each thread quantizes one column's blocks along the rows (the
-//     transposed output, one 16/32-byte store per block), and in the pair also blocks of rows,
-//     one warp per block column (lane = tile row; float4 reads, conflict-free with the padding).
+//   * RowKernel, rowwise only: streaming, grid-stride; a chunk is 16 consecutive elements of a
+//     row (16-byte loads, one 16- or 8-byte store of codes) and an MX block of 32 is two
+//     neighbouring lanes (one shuffle for its amax). Each thread loads kRowChunks chunks (128
+//     bytes of input) before converting any, so that enough bytes are in flight to cover the
+//     memory latency: with one chunk per load-convert-store round the kernel was latency-bound.
+//   * TileKernel, columnwise (and the pair): tiles of kTileRows rows x 128 columns of x are copied
+//     into shared memory with cp.async, double-buffered (the next tile lands while this one is
+//     converted). Column pass: each item quantizes one block of kVec rows of one or two columns
+//     (the transposed output: a column's codes of a tile are 32-128 contiguous bytes); row pass
+//     (the pair): each item one block of one row (lanes on consecutive rows: conflict-free).
 // Both write every scale byte of the physical layout (padding bytes 0, as physical_from_plain)
 // and reduce amax per batch item into bits zeroed before the launch (unsigned max of |x| bits is
 // the float max, NaN canonical above +Inf).
@@ -16,11 +19,21 @@
 namespace jga::quantize {
 
 constexpr int kRowThreads = 256;
-constexpr int kTileThreads = 128;
-constexpr int kTileD = 128;  // columns of x per tile (= threads)
-constexpr int kTilePad = 4;  // floats of padding per tile row against bank conflicts
+constexpr int kRowChunks = 8;  // 16-byte vectors of input each thread loads per round (128 bytes)
+constexpr int kTileThreads = 256;
+constexpr int kTileD = 128;        // columns of x per tile
+constexpr int kTileBytes = 32768;  // input bytes of a tile: 128 rows of 2-byte input, 64 of fp32
+constexpr int kTilePad = 16;       // bytes of padding per shared-memory tile row (conflict-free reads)
 
-// Running max of one thread over the batch items it visits; flushed on every change of item.
+// Rows of x per tile, and the shared-memory pitch of a tile row (bytes).
+template <class T>
+constexpr int kTileRows = kTileBytes / (kTileD * int(sizeof(T)));
+template <class T>
+constexpr int kTilePitch = kTileD * int(sizeof(T)) + kTilePad;
+// Dynamic shared memory of a TileKernel: two tile buffers.
+template <class T>
+constexpr int kTileSmem = 2 * kTileRows<T> * kTilePitch<T>;
+
 struct AmaxAccumulator {
   int64_t item = -1;
   uint32_t bits = 0;
@@ -83,16 +96,9 @@ __device__ __forceinline__ void ZeroRowPadding(uint8_t* s, int64_t batch, int64_
   }
 }
 
-// 16 consecutive input elements as fp32 (16-byte loads that bypass L1: each is read once).
+// A 16-byte vector of input as fp32 (4 or 8 elements).
 template <QuantizeInput I>
-__device__ __forceinline__ void Load16(const typename InputTraits<I>::T* src, float* v) {
-  using T = typename InputTraits<I>::T;
-  constexpr int kPerVec = 16 / sizeof(T);
-#pragma unroll
-  for (int i = 0; i < 16 / kPerVec; ++i) {
-    FromVector<I>(__ldcs(reinterpret_cast<const uint4*>(src) + i), v + i * kPerVec);
-  }
-}
+constexpr int kPerVec = I == QuantizeInput::kF32 ? 4 : 8;
 
 template <QuantizeFormat F>
 __device__ __forceinline__ void StoreCodes16(uint8_t* dst, const float* v, float mul) {
@@ -104,52 +110,86 @@ __device__ __forceinline__ void StoreCodes16(uint8_t* dst, const float* v, float
   }
 }
 
+// Position of a lane's chunk in (batch item, row of the item, chunk of the row), advanced by a
+// fixed number of chunks without divisions.
+struct ChunkPos {
+  int64_t l, r, c;
+  __device__ __forceinline__ void Advance(int64_t dl, int64_t dr, int64_t dc, int64_t per_row, int64_t rows) {
+    c += dc;
+    r += dr + (c >= per_row);
+    if (c >= per_row) c -= per_row;
+    l += dl + (r >= rows);
+    if (r >= rows) r -= rows;
+  }
+};
+
 template <QuantizeFormat F, QuantizeInput I>
 __global__ void __launch_bounds__(kRowThreads)
     RowKernel(QuantizeProblem p, const typename InputTraits<I>::T* x, uint8_t* q, uint8_t* s, unsigned* amax) {
   constexpr int kLanesPerBlock = FormatTraits<F>::kVec / 16;
-  const int64_t per_row = p.k / 16;  // chunks of 16 elements
+  constexpr int kVecs = 16 / kPerVec<I>;  // 16-byte vectors per chunk of 16 elements
+  constexpr int kU = kRowChunks / kVecs;  // chunks per lane and round (32 apart)
+  const int64_t per_row = p.k / 16;       // chunks of 16 elements
   const int64_t groups = p.k / FormatTraits<F>::kVec, k_blocks = p.k_blocks(p.k);
   const int64_t scale_stride = p.row_blocks(p.rows) * k_blocks * kScaleBlockElems;
+  const int64_t total = p.batch * p.rows * per_row;
   const int lane = threadIdx.x & 31;
   const int64_t warps = int64_t(gridDim.x) * (kRowThreads / 32);
   const int64_t warp = blockIdx.x * int64_t(kRowThreads / 32) + (threadIdx.x >> 5);
-  // Position (item l, row r, chunk c) of this lane's chunk, advanced by the grid stride without
-  // divisions: stride = (dl items, dr rows, dc chunks).
-  const int64_t stride = warps * 32;
-  int64_t chunk = warp * 32 + lane;
-  int64_t row_all = chunk / per_row, c = chunk % per_row;
-  int64_t l = row_all / p.rows, r = row_all % p.rows;
-  const int64_t stride_rows = stride / per_row, dc = stride % per_row;
-  const int64_t dl = stride_rows / p.rows, dr = stride_rows % p.rows;
+  // A round of a warp covers kU * 32 consecutive chunks; rounds are `warps` apart. Steps of the
+  // chunk position: 32 chunks (the next u), and from the round's last u to the next round's first.
+  const int64_t round = kU * 32, stride = warps * round;
+  auto split = [&](int64_t n, int64_t& dl, int64_t& dr, int64_t& dc) {
+    const int64_t rows_all = n / per_row;
+    dc = n % per_row, dl = rows_all / p.rows, dr = rows_all % p.rows;
+  };
+  int64_t dl32, dr32, dc32, dlr, drr, dcr;
+  split(32, dl32, dr32, dc32);
+  split(stride - (kU - 1) * 32, dlr, drr, dcr);
+  ChunkPos pos;
+  {
+    const int64_t chunk = warp * round + lane;
+    int64_t dl, dr, dc;
+    split(chunk, dl, dr, dc);
+    pos = {dl, dr, dc};
+  }
   AmaxAccumulator acc;
+  using T = typename InputTraits<I>::T;
   // The loop runs while any lane of the warp has a chunk: all lanes take part in the shuffle.
-  for (int64_t base = warp * 32; base < p.batch * p.rows * per_row; base += stride) {
-    const bool valid = l < p.batch;
-    float v[16];
-    uint32_t m = 0;
-    if (valid) {
-      Load16<I>(x + ((l * p.rows + r) * per_row + c) * 16, v);
+  for (int64_t base = warp * round; base < total; base += stride) {
+    uint4 raw[kU][kVecs];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int64_t chunk = base + u * 32 + lane;
+#pragma unroll
+      for (int i = 0; i < kVecs; ++i)
+        raw[u][i] = chunk < total ? __ldcs(reinterpret_cast<const uint4*>(x + chunk * 16) + i) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int64_t chunk = base + u * 32 + lane;
+      const bool valid = chunk < total;
+      float v[16];
+#pragma unroll
+      for (int i = 0; i < kVecs; ++i) FromVector<I>(raw[u][i], v + i * kPerVec<I>);
+      uint32_t m = 0;
 #pragma unroll
       for (int i = 0; i < 16; ++i) m = max(m, AbsBits(v[i]));
-    }
-    if constexpr (kLanesPerBlock == 2) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, 1));
-    if (valid) {
-      acc.Add(l, AmaxBits(m), amax);
-      const BlockScale bs = ScaleOf<F>(m);
-      StoreCodes16<F>(q + p.code_bytes(((l * p.rows + r) * per_row + c) * 16), v, bs.mul);
-      if (c % kLanesPerBlock == 0) {
-        const int64_t g = c / kLanesPerBlock;
-        uint8_t* sl = s + l * scale_stride;
-        sl[ScaleOffset(r, g, k_blocks)] = bs.code;
-        if (g == groups - 1) ZeroGroupPadding(sl, r, groups, k_blocks);
+      if constexpr (kLanesPerBlock == 2) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, 1));
+      if (valid) {
+        acc.Add(pos.l, AmaxBits(m), amax);
+        const BlockScale bs = ScaleOf<F>(m);
+        StoreCodes16<F>(q + p.code_bytes(chunk * 16), v, bs.mul);
+        if (pos.c % kLanesPerBlock == 0) {
+          const int64_t g = pos.c / kLanesPerBlock;
+          uint8_t* sl = s + pos.l * scale_stride;
+          sl[ScaleOffset(pos.r, g, k_blocks)] = bs.code;
+          if (g == groups - 1) ZeroGroupPadding(sl, pos.r, groups, k_blocks);
+        }
       }
+      if (u + 1 < kU) pos.Advance(dl32, dr32, dc32, per_row, p.rows);
     }
-    c += dc;
-    r += dr + (c >= per_row);
-    if (c >= per_row) c -= per_row;
-    l += dl + (r >= p.rows);
-    if (r >= p.rows) r -= p.rows;
+    pos.Advance(dlr, drr, dcr, per_row, p.rows);
   }
   ZeroRowPadding(s, p.batch, p.rows, k_blocks);
   acc.Flush(amax);
@@ -163,65 +203,112 @@ __device__ __forceinline__ void StoreBlock(uint8_t* dst, const float* v, float m
   for (int i = 0; i < kVec; i += 16) StoreCodes16<F>(dst + (FormatTraits<F>::kFp4 ? i / 2 : i), v + i, mul);
 }
 
+__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool in_range) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(in_range ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void CpAsyncWaitOne() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
+
+// Copies tile (l, t0, d0) of x into the tile buffer at shared address `buf` (rows kTileRows,
+// pitch kTilePitch): 16-byte cp.async chunks where x's rows are 16-byte aligned (elements past
+// R or K zero-filled), element by element otherwise (then complete when this returns).
+template <QuantizeInput I>
+__device__ __forceinline__ void LoadTile(const QuantizeProblem& p, const typename InputTraits<I>::T* xl, int64_t t0,
+                                         int64_t d0, bool vector_rows, uint8_t* buf) {
+  using T = typename InputTraits<I>::T;
+  constexpr int kRows = kTileRows<T>, kPitch = kTilePitch<T>, kChunksPerRow = kTileD * int(sizeof(T)) / 16;
+  if (vector_rows) {  // K * sizeof(T) % 16 == 0: every 16-byte chunk lies wholly inside or outside K
+    // Thread i copies chunk i % kChunksPerRow of rows i / kChunksPerRow + j * kRowStep.
+    constexpr int kRowStep = kTileThreads / kChunksPerRow;
+    static_assert(kTileThreads % kChunksPerRow == 0 && kRows % kRowStep == 0, "whole rounds of copies");
+    const int row0 = threadIdx.x / kChunksPerRow, ch = threadIdx.x % kChunksPerRow;
+    const int64_t d = d0 + ch * (16 / int(sizeof(T)));
+    const T* src = xl + (t0 + row0) * p.k + d;
+    const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(buf)) + row0 * kPitch + ch * 16;
+#pragma unroll
+    for (int j = 0; j < kRows / kRowStep; ++j) {
+      const bool in_range = t0 + row0 + j * kRowStep < p.rows && d < p.k;
+      CpAsync16(dst + j * kRowStep * kPitch, in_range ? src + j * kRowStep * p.k : xl, in_range);
+    }
+  } else {
+    for (int i = threadIdx.x; i < kRows * kTileD; i += kTileThreads) {
+      const int row = i / kTileD, col = i % kTileD;
+      const int64_t t = t0 + row, d = d0 + col;
+      reinterpret_cast<T*>(buf + row * kPitch)[col] = t < p.rows && d < p.k ? xl[t * p.k + d] : T(0.0f);
+    }
+  }
+}
+
+// Element (row, col) of a tile buffer as fp32.
+template <QuantizeInput I>
+__device__ __forceinline__ float TileAt(const uint8_t* buf, int row, int col) {
+  using T = typename InputTraits<I>::T;
+  return InputTraits<I>::ToFloat(reinterpret_cast<const T*>(buf + row * kTilePitch<T>)[col]);
+}
+
 template <QuantizeFormat F, QuantizeInput I, bool kRows>
 __global__ void __launch_bounds__(kTileThreads)
     TileKernel(QuantizeProblem p, const typename InputTraits<I>::T* x, uint8_t* q_row, uint8_t* s_row, uint8_t* q_col,
                uint8_t* s_col, unsigned* amax) {
   using T = typename InputTraits<I>::T;
   constexpr int kVec = FormatTraits<F>::kVec;
-  // 32 (FP8) or 64 (FP4) rows: each column's codes per tile fill one 32-byte sector.
-  constexpr int kTileT = FormatTraits<F>::kFp4 ? 64 : 32;
-  constexpr int kPerVec = 16 / sizeof(T);
-  constexpr int kStride = kTileD + kTilePad;
-  __shared__ __align__(16) float tile[kTileT * kStride];
+  constexpr int kTileT = kTileRows<T>;
+  constexpr int kPitch = kTilePitch<T>;
+  // Column items: one block of kVec rows of kColsPerItem adjacent columns (one 32-bit word of
+  // 2-byte input per row).
+  constexpr int kColsPerItem = 4 / int(sizeof(T)) > 0 ? 4 / int(sizeof(T)) : 1;
+  constexpr int kColItems = (kTileD / kColsPerItem) * (kTileT / kVec);
+  constexpr int kRowItems = kTileT * (kTileD / kVec);
+  extern __shared__ __align__(16) uint8_t tiles[];
 
   const int64_t t_tiles = CeilDiv(p.rows, kTileT), d_tiles = CeilDiv(p.k, kTileD);
   const int64_t col_groups = p.rows / kVec, col_k_blocks = p.k_blocks(p.rows);
   const int64_t col_stride = p.row_blocks(p.k) * col_k_blocks * kScaleBlockElems;
   const int64_t row_groups = p.k / kVec, row_k_blocks = p.k_blocks(p.k);
   const int64_t row_stride = p.row_blocks(p.rows) * row_k_blocks * kScaleBlockElems;
-  // 16-byte loads need 16-byte aligned rows of x (K * sizeof(T) a multiple of 16).
   const bool vector_rows = (p.k * int64_t(sizeof(T))) % 16 == 0;
   AmaxAccumulator acc;
 
   // Tile counts fit 32 bits (the launcher checks): 32-bit divisions, no subroutine calls.
   const uint32_t per_item = static_cast<uint32_t>(t_tiles * d_tiles), d_tiles32 = static_cast<uint32_t>(d_tiles);
-  for (uint32_t tile_id = blockIdx.x; tile_id < p.batch * per_item; tile_id += gridDim.x) {
+  const uint32_t tiles_total = static_cast<uint32_t>(p.batch) * per_item;
+  auto issue = [&](uint32_t tile_id, uint8_t* buf) {
+    const int64_t l = tile_id / per_item;
+    const uint32_t rem = tile_id % per_item;
+    LoadTile<I>(p, x + l * p.rows * p.k, int64_t(rem / d_tiles32) * kTileT, int64_t(rem % d_tiles32) * kTileD,
+                vector_rows, buf);
+  };
+  if (blockIdx.x < tiles_total) issue(blockIdx.x, tiles);
+  CpAsyncCommit();
+  int parity = 0;
+  for (uint32_t tile_id = blockIdx.x; tile_id < tiles_total; tile_id += gridDim.x, parity ^= 1) {
+    // The next tile lands in the other buffer while this one is converted.
+    const uint32_t next = tile_id + gridDim.x;
+    if (next < tiles_total) issue(next, tiles + (parity ^ 1) * kTileT * kPitch);
+    CpAsyncCommit();
+    CpAsyncWaitOne();  // this thread's copies of the current tile have landed
+    __syncthreads();   // everyone's have
+    const uint8_t* buf = tiles + parity * kTileT * kPitch;
     const int64_t l = tile_id / per_item;
     const uint32_t rem = tile_id % per_item;
     const int64_t t0 = int64_t(rem / d_tiles32) * kTileT, d0 = int64_t(rem % d_tiles32) * kTileD;
-    const T* xl = x + l * p.rows * p.k;
-    // Load the tile as fp32; out-of-range elements read as 0 (never stored, amax unaffected).
-    for (int i = threadIdx.x; i < kTileT * (kTileD / kPerVec); i += kTileThreads) {
-      const int row = i / (kTileD / kPerVec), col = (i % (kTileD / kPerVec)) * kPerVec;
-      const int64_t t = t0 + row, d = d0 + col;
-      float v[kPerVec];
-      if (t < p.rows && d + kPerVec <= p.k && vector_rows) {
-        FromVector<I>(__ldcs(reinterpret_cast<const uint4*>(xl + t * p.k + d)), v);
-      } else {
-#pragma unroll
-        for (int j = 0; j < kPerVec; ++j)
-          v[j] = t < p.rows && d + j < p.k ? InputTraits<I>::ToFloat(xl[t * p.k + d + j]) : 0.0f;
-      }
-#pragma unroll
-      for (int j = 0; j < kPerVec; j += 4)
-        *reinterpret_cast<float4*>(&tile[row * kStride + col + j]) = make_float4(v[j], v[j + 1], v[j + 2], v[j + 3]);
-    }
-    __syncthreads();
 
-    // Columns: this thread's column d, blocks of kVec rows.
-    const int64_t d = d0 + threadIdx.x;
-    if (d < p.k) {
+    // Columns: blocks of kVec rows, one or two columns per item (the transposed output).
 #pragma unroll 1
-      for (int b = 0; b < kTileT / kVec; ++b) {
-        const int64_t t = t0 + b * kVec;
-        if (t >= p.rows) break;  // rows is a multiple of kVec: blocks are whole
+    for (int item = threadIdx.x; item < kColItems; item += kTileThreads) {
+      const int cl = (item % (kTileD / kColsPerItem)) * kColsPerItem, b = item / (kTileD / kColsPerItem);
+      const int64_t t = t0 + b * kVec;
+      if (t >= p.rows) continue;  // rows is a multiple of kVec: blocks are whole
+#pragma unroll 1
+      for (int j = 0; j < kColsPerItem; ++j) {
+        const int64_t d = d0 + cl + j;
+        if (d >= p.k) break;
         float v[kVec];
         uint32_t m = 0;
 #pragma unroll
-        for (int j = 0; j < kVec; ++j) {
-          v[j] = tile[(b * kVec + j) * kStride + threadIdx.x];
-          m = max(m, AbsBits(v[j]));
+        for (int e = 0; e < kVec; ++e) {
+          v[e] = TileAt<I>(buf, b * kVec + e, cl + j);
+          m = max(m, AbsBits(v[e]));
         }
         acc.Add(l, AmaxBits(m), amax);
         const BlockScale bs = ScaleOf<F>(m);
@@ -234,19 +321,17 @@ __global__ void __launch_bounds__(kTileThreads)
     }
 
     if constexpr (kRows) {
-      // Rows: item = (block column g, tile row); a warp's 32 items share g, one tile row per lane.
+      // Rows: item = (block column, tile row), consecutive items on consecutive rows.
 #pragma unroll 1
-      for (int item = threadIdx.x; item < kTileT * (kTileD / kVec); item += kTileThreads) {
-        const int g_local = item / kTileT, row = item % kTileT;
+      for (int item = threadIdx.x; item < kRowItems; item += kTileThreads) {
+        const int row = item % kTileT, g_local = item / kTileT;
         const int64_t t = t0 + row, dstart = d0 + g_local * kVec;
         if (t >= p.rows || dstart >= p.k) continue;  // K is a multiple of kVec: blocks are whole
         float v[kVec];
-        uint32_t m = 0;
+        const uint4* src = reinterpret_cast<const uint4*>(buf + row * kPitch + g_local * kVec * int(sizeof(T)));
 #pragma unroll
-        for (int j = 0; j < kVec; j += 4) {
-          const float4 f = *reinterpret_cast<const float4*>(&tile[row * kStride + g_local * kVec + j]);
-          v[j] = f.x, v[j + 1] = f.y, v[j + 2] = f.z, v[j + 3] = f.w;
-        }
+        for (int i = 0; i < kVec / kPerVec<I>; ++i) FromVector<I>(src[i], v + i * kPerVec<I>);
+        uint32_t m = 0;
 #pragma unroll
         for (int j = 0; j < kVec; ++j) m = max(m, AbsBits(v[j]));
         const BlockScale bs = ScaleOf<F>(m);  // amax: the column pass saw these elements
@@ -257,7 +342,7 @@ __global__ void __launch_bounds__(kTileThreads)
         if (g == row_groups - 1) ZeroGroupPadding(sl, t, row_groups, row_k_blocks);
       }
     }
-    __syncthreads();  // the next tile overwrites shared memory
+    __syncthreads();  // the buffer is read before the copy after next overwrites it
   }
   ZeroRowPadding(s_col, p.batch, p.k, col_k_blocks);
   if constexpr (kRows) ZeroRowPadding(s_row, p.batch, p.rows, row_k_blocks);

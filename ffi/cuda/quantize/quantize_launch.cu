@@ -8,11 +8,14 @@ namespace {
 
 // Resident blocks of `kernel` per multiprocessor, queried once per kernel: the grid is one full
 // wave of them (grid-stride beyond it), so that no block waits for a second wave.
+// `smem`: the kernel's dynamic shared memory, whose limit is raised here first.
 template <typename Kernel>
-cudaError_t BlocksPerSm(Kernel kernel, int threads, std::atomic<int>* cache, int* blocks) {
+cudaError_t BlocksPerSm(Kernel kernel, int threads, int smem, std::atomic<int>* cache, int* blocks) {
   *blocks = cache->load(std::memory_order_relaxed);
   if (*blocks > 0) return cudaSuccess;
-  const cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, threads, 0);
+  cudaError_t err = cudaSuccess;
+  if (smem > 0) err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err == cudaSuccess) err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, threads, smem);
   if (err != cudaSuccess) return err;
   if (*blocks < 1) *blocks = 1;
   cache->store(*blocks, std::memory_order_relaxed);
@@ -31,11 +34,13 @@ struct Kernels {
   // Resident blocks per SM of each kernel, filled by Prepare (outside any graph capture).
   static inline std::atomic<int> row_per_sm{0}, col_per_sm{0}, pair_per_sm{0};
 
+  static constexpr int kSmem = kTileSmem<T>;
+
   static cudaError_t Prepare() {
     int per_sm = 0;
-    cudaError_t err = BlocksPerSm(RowKernel<F, I>, kRowThreads, &row_per_sm, &per_sm);
-    if (err == cudaSuccess) err = BlocksPerSm(TileKernel<F, I, false>, kTileThreads, &col_per_sm, &per_sm);
-    if (err == cudaSuccess) err = BlocksPerSm(TileKernel<F, I, true>, kTileThreads, &pair_per_sm, &per_sm);
+    cudaError_t err = BlocksPerSm(RowKernel<F, I>, kRowThreads, 0, &row_per_sm, &per_sm);
+    if (err == cudaSuccess) err = BlocksPerSm(TileKernel<F, I, false>, kTileThreads, kSmem, &col_per_sm, &per_sm);
+    if (err == cudaSuccess) err = BlocksPerSm(TileKernel<F, I, true>, kTileThreads, kSmem, &pair_per_sm, &per_sm);
     return err;
   }
 
@@ -46,23 +51,22 @@ struct Kernels {
     int per_sm = 0;
     cudaError_t err = cudaSuccess;
     if (p.mode == kQuantizeRows) {
-      err = BlocksPerSm(RowKernel<F, I>, kRowThreads, &row_per_sm, &per_sm);
+      err = BlocksPerSm(RowKernel<F, I>, kRowThreads, 0, &row_per_sm, &per_sm);
       if (err != cudaSuccess) return err;
       const int grid = Grid(CeilDiv(p.batch * p.rows * (p.k / 16), kRowThreads), sm_count, per_sm);
       RowKernel<F, I><<<grid, kRowThreads, 0, stream>>>(p, x, u8(b.q_row), u8(b.s_row), amax);
     } else {
-      constexpr int kTileT = FormatTraits<F>::kFp4 ? 64 : 32;
-      const int64_t tiles = p.batch * CeilDiv(p.rows, kTileT) * CeilDiv(p.k, kTileD);
+      const int64_t tiles = p.batch * CeilDiv(p.rows, kTileRows<T>) * CeilDiv(p.k, kTileD);
       if (tiles >= (int64_t(1) << 31)) return cudaErrorInvalidValue;  // 32-bit tile indices
       if (p.mode == kQuantizeCols) {
-        err = BlocksPerSm(TileKernel<F, I, false>, kTileThreads, &col_per_sm, &per_sm);
+        err = BlocksPerSm(TileKernel<F, I, false>, kTileThreads, kSmem, &col_per_sm, &per_sm);
         if (err != cudaSuccess) return err;
-        TileKernel<F, I, false><<<Grid(tiles, sm_count, per_sm), kTileThreads, 0, stream>>>(
+        TileKernel<F, I, false><<<Grid(tiles, sm_count, per_sm), kTileThreads, kSmem, stream>>>(
             p, x, nullptr, nullptr, u8(b.q_col), u8(b.s_col), amax);
       } else {
-        err = BlocksPerSm(TileKernel<F, I, true>, kTileThreads, &pair_per_sm, &per_sm);
+        err = BlocksPerSm(TileKernel<F, I, true>, kTileThreads, kSmem, &pair_per_sm, &per_sm);
         if (err != cudaSuccess) return err;
-        TileKernel<F, I, true><<<Grid(tiles, sm_count, per_sm), kTileThreads, 0, stream>>>(
+        TileKernel<F, I, true><<<Grid(tiles, sm_count, per_sm), kTileThreads, kSmem, stream>>>(
             p, x, u8(b.q_row), u8(b.s_row), u8(b.q_col), u8(b.s_col), amax);
       }
     }

@@ -163,14 +163,17 @@ __device__ __forceinline__ uint16_t Fp8Pair(float lo, float hi) {
 }
 
 // formats.e2m1_codes: round to nearest even over the midpoints, saturate at 6, NaN -> +6 (code 7),
-// sign bit 8 (negative zero included).
+// sign bit 8 (negative zero included). The rounding is (a + C) - C with C = 2^23 times the grid
+// step of a's binade (0.5 below 2, 1 in [2, 4), 2 above), and the grid value r times 2^-126 is an
+// fp32 number whose bits >> 22 are the code (e2m1 is fp32 with 1 mantissa bit, exponent bias 1):
+// 13 instructions where the comparisons took 22, the same code for every fp32 input (checked
+// exhaustively against the comparisons).
 __device__ __forceinline__ uint32_t E2M1Code(float v) {
-  const float mag = fabsf(v);
-  uint32_t idx =
-      (mag > 0.25f) + (mag >= 0.75f) + (mag > 1.25f) + (mag >= 1.75f) + (mag > 2.5f) + (mag >= 3.5f) + (mag > 5.0f);
-  const bool nan = v != v;
-  if (nan) idx = 7;
-  return idx | ((__float_as_uint(v) >> 31) && !nan ? 8u : 0u);
+  const float a = fminf(fabsf(v), 8.0f);  // Inf and NaN (fminf drops it) become 8: code 7
+  const float c = __uint_as_float(max(__float_as_uint(a) & 0x7F800000u, 0x3F800000u) + (22u << 23));
+  const float r = __fsub_rn(__fadd_rn(a, c), c);
+  const uint32_t code = min(__float_as_uint(__fmul_rn(r, 0x1p-126f)) >> 22, 7u);
+  return v == v ? code | ((__float_as_uint(v) >> 28) & 8u) : code;
 }
 
 // Scaled value of one element: x * mul, or +0 where an NVFP4 block's scale is 0 (mul == 0).

@@ -31,7 +31,7 @@ from flax.nnx.nn.linear import default_bias_init, default_kernel_init
 from . import formats
 from ._problem import is_fp4
 from .ops import gemm_amax
-from .quantize import quantize
+from .quantize import quantize, quantize_pair
 
 __all__ = ["AmaxHistory", "MXLinear", "OutputAmax", "PreparedWeight", "QuantizedKernel", "mx_matmul", "prepare_weight"]
 
@@ -58,9 +58,12 @@ class _Config:
     grad_fmt: str
     c_dtype: np.dtype  # of the forward GEMM's output
     weight_only: bool = False  # x stays in 16 bits, only w is quantized
+    save_residuals: str = "full"  # what the VJP keeps for the backward pass: _SAVE_RESIDUALS
 
 
+_SAVE_RESIDUALS = ("full", "quantized")
 _WEIGHT_ONLY_N_MULTIPLE = 16  # C's rows 16-byte aligned for every float C dtype
+_GRAD_N_MULTIPLE = 16 // np.dtype(np.float32).itemsize  # the backward GEMMs' fp32 C rows
 
 
 @functools.partial(
@@ -85,8 +88,7 @@ def prepare_weight(w, fmt: str = "mxfp8_e4m3") -> PreparedWeight:
     w = jnp.asarray(w)
     if w.ndim != 2 or 0 in w.shape:
         raise ValueError(f"prepare_weight: expected w (K, N) with K, N >= 1, got shape {w.shape}")
-    wt = _pad_to(_pad_to(w.T, 1, _k_multiple(fmt)), 0, _WEIGHT_ONLY_N_MULTIPLE)
-    q, scales = quantize(wt, fmt)
+    q, scales = _quantize_along(w, fmt, -2, _WEIGHT_ONLY_N_MULTIPLE)
     return PreparedWeight(q, scales, fmt, int(w.shape[0]), int(w.shape[1]))
 
 
@@ -120,44 +122,103 @@ def _pad_to(x, axis: int, multiple: int):
     return jnp.pad(x, widths)  # zeros: they add nothing to the sums and never raise a block's amax
 
 
-def _nt_gemm(a, b, fmt: str, c_dtype):
-    """``a (R, K) · b (S, K)ᵀ`` through gemm_amax, both operands quantized to ``fmt`` along K.
+# A GEMM operand is ``(q, scales)``, K-major: ``t (R, C)`` quantized along C ("rows", codes
+# ``(R', C')``) or along R ("columns", codes of the transpose ``(C', R')``, written directly by
+# quantize(axis=-2), so no transposed copy of ``t`` is made). The quantized axis is zero-padded to
+# the format's K multiple, the other one to the row alignment that operand's C needs; the padded
+# rows and columns of C are cut off. Padding adds zero blocks only, so every code and scale of the
+# real elements, and every element of C, is what the unpadded operands give.
 
-    Pads K with zeros to the format's block / 16-byte alignment and S to C's 16-byte row alignment,
-    so any R, S, K >= 1 work. Returns ``(c (R, S) in c_dtype, amax)``.
-    """
-    c_dtype = np.dtype(c_dtype)
-    s = b.shape[0]
-    a = _pad_to(a, 1, _k_multiple(fmt))
-    b = _pad_to(_pad_to(b, 1, _k_multiple(fmt)), 0, 16 // c_dtype.itemsize)
-    qa, sfa = quantize(a, fmt)
-    qb, sfb = quantize(b, fmt)
+
+def _quantize_along(t, fmt: str, axis: int, align: int):
+    """``t (R, C)`` quantized to ``fmt`` along ``axis`` (-1: rows, -2: columns); the other axis
+    padded to a multiple of ``align``."""
+    other = 0 if axis == -1 else 1
+    return quantize(_pad_to(_pad_to(t, axis, _k_multiple(fmt)), other, align), fmt, axis=axis)
+
+
+def _quantize_both(t, row_fmt: str, col_fmt: str, row_align: int, col_align: int):
+    """``(rows, columns)`` of ``t (R, C)``: along C in ``row_fmt`` (R padded to ``row_align``) and
+    along R in ``col_fmt`` (C padded to ``col_align``). In one format, one quantize_pair: a single
+    read of ``t`` gives both."""
+    if row_fmt != col_fmt:
+        return _quantize_along(t, row_fmt, -1, row_align), _quantize_along(t, col_fmt, -2, col_align)
+    t = _pad_to(t, 0, math.lcm(_k_multiple(col_fmt), row_align))
+    t = _pad_to(t, 1, math.lcm(_k_multiple(row_fmt), col_align))
+    return quantize_pair(t, row_fmt)
+
+
+def _gemm(a, b, fmt: str, c_dtype, rows: int, cols: int):
+    """``a · bᵀ`` of two quantized operands through gemm_amax: ``(c (rows, cols), amax)``."""
+    (qa, sfa), (qb, sfb) = a, b
     c, amax = gemm_amax(qa, qb, sfa, sfb, c_dtype=c_dtype, sf_vec_size=formats.get_format(fmt).sf_vec_size)
-    return c[:, :s], amax
+    return c[:rows, :cols], amax
+
+
+@functools.partial(
+    jax.tree_util.register_dataclass,
+    data_fields=["x_cols", "w_rows"],
+    meta_fields=["in_features", "x_dtype", "w_dtype"],
+)
+@dataclasses.dataclass(frozen=True)
+class _QuantizedResiduals:
+    """What ``save_residuals="quantized"`` keeps: the backward GEMMs' operands that come from x and
+    w, already in ``grad_fmt`` (``(q, scales)`` each, padded), x's K and the dtypes the cotangents
+    return in."""
+
+    x_cols: tuple  # x along M: wgrad's A, (K', M')
+    w_rows: tuple  # w along out_features: dgrad's B, (K', N')
+    in_features: int
+    x_dtype: np.dtype
+    w_dtype: np.dtype
+
+
+def _forward(x, w, cfg: _Config):
+    """``((y, amax), residuals)``: the forward product, and what the backward pass needs."""
+    (m, k), n = x.shape, w.shape[1]
+    n_align = _WEIGHT_ONLY_N_MULTIPLE if cfg.weight_only else 16 // cfg.c_dtype.itemsize
+    if cfg.save_residuals == "full":
+        x_rows = None if cfg.weight_only else _quantize_along(x, cfg.fmt, -1, 1)
+        w_cols = _quantize_along(w, cfg.fmt, -2, n_align)
+        residuals = (x, w)
+    else:
+        # In one format, a single read of x (of w) gives its forward operand and its saved one.
+        w_rows, w_cols = _quantize_both(w, cfg.grad_fmt, cfg.fmt, _GRAD_N_MULTIPLE, n_align)
+        if cfg.weight_only:
+            x_rows, x_cols = None, _quantize_along(x, cfg.grad_fmt, -2, 1)
+        else:
+            x_rows, x_cols = _quantize_both(x, cfg.fmt, cfg.grad_fmt, 1, 1)
+        residuals = _QuantizedResiduals(x_cols, w_rows, k, np.dtype(x.dtype), np.dtype(w.dtype))
+    if cfg.weight_only:
+        return _weight_only_gemm(x, PreparedWeight(*w_cols, cfg.fmt, k, n), cfg.c_dtype), residuals
+    return _gemm(x_rows, w_cols, cfg.fmt, cfg.c_dtype, m, n), residuals
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def _mx_matmul(x, w, cfg: _Config):
-    if cfg.weight_only:
-        return _weight_only_gemm(x, prepare_weight(w, cfg.fmt), cfg.c_dtype)
-    return _nt_gemm(x, w.T, cfg.fmt, cfg.c_dtype)
-
-
-def _mx_matmul_fwd(x, w, cfg: _Config):
-    return _mx_matmul(x, w, cfg), (x, w)
+    return _forward(x, w, cfg)[0]
 
 
 def _mx_matmul_bwd(cfg: _Config, residuals, cotangents):
-    x, w = residuals
     dy, _ = cotangents  # amax is not differentiable: its cotangent is dropped
+    m, n = dy.shape
+    g = cfg.grad_fmt
+    if isinstance(residuals, _QuantizedResiduals):
+        r = residuals
+        x_cols, w_rows, k, x_dtype, w_dtype = r.x_cols, r.w_rows, r.in_features, r.x_dtype, r.w_dtype
+    else:
+        x, w = residuals
+        x_cols, w_rows = _quantize_along(x, g, -2, 1), _quantize_along(w, g, -1, _GRAD_N_MULTIPLE)
+        x_dtype, w_dtype, k = x.dtype, w.dtype, x.shape[1]
+    dy_rows, dy_cols = _quantize_both(dy, g, g, 1, _GRAD_N_MULTIPLE)
     # dgrad: dX (M, in) = dY (M, out) · W (in, out)ᵀ, contraction over out.
-    dx, _ = _nt_gemm(dy, w, cfg.grad_fmt, np.float32)
+    dx, _ = _gemm(dy_rows, w_rows, g, np.float32, m, k)
     # wgrad: dW (in, out) = Xᵀ (in, M) · dYᵀ (out, M)ᵀ, contraction over M.
-    dw, _ = _nt_gemm(x.T, dy.T, cfg.grad_fmt, np.float32)
-    return dx.astype(x.dtype), dw.astype(w.dtype)
+    dw, _ = _gemm(x_cols, dy_cols, g, np.float32, k, n)
+    return dx.astype(x_dtype), dw.astype(w_dtype)
 
 
-_mx_matmul.defvjp(_mx_matmul_fwd, _mx_matmul_bwd)
+_mx_matmul.defvjp(_forward, _mx_matmul_bwd)
 
 
 _DIRECT_C_DTYPES = (np.dtype(np.float32), np.dtype(jnp.bfloat16), np.dtype(jnp.float16))
@@ -166,8 +227,20 @@ _DIRECT_C_DTYPES = (np.dtype(np.float32), np.dtype(jnp.bfloat16), np.dtype(jnp.f
 _ACTIVATIONS = ("quantized", "bf16")
 
 
+def _check_save_residuals(save_residuals, where: str) -> None:
+    if not isinstance(save_residuals, str) or save_residuals not in _SAVE_RESIDUALS:
+        raise ValueError(f"{where}: save_residuals must be one of {_SAVE_RESIDUALS}, got {save_residuals!r}")
+
+
 def mx_matmul(
-    x, w, *, fmt: str = "mxfp8_e4m3", grad_fmt: str = "mxfp8_e4m3", out_dtype=None, activations: str = "quantized"
+    x,
+    w,
+    *,
+    fmt: str = "mxfp8_e4m3",
+    grad_fmt: str = "mxfp8_e4m3",
+    out_dtype=None,
+    activations: str = "quantized",
+    save_residuals: str = "full",
 ):
     """``y = x @ w`` with ``x (M, K)``, ``w (K, N)`` through :func:`gemm_amax`; returns ``(y, amax)``.
 
@@ -180,6 +253,12 @@ def mx_matmul(
     element dtype for A and B). Cotangents come back in ``x.dtype`` / ``w.dtype``; amax has none.
     Any M, K, N >= 1 work: non-aligned sizes are zero-padded internally.
 
+    ``save_residuals`` is what the VJP keeps between the passes: ``"full"`` (default) ``x`` and
+    ``w`` in their own precision, quantized for the backward GEMMs there; ``"quantized"`` only
+    those backward operands, quantized in the forward pass (``x`` along M and ``w`` along N, in
+    ``grad_fmt``): about 1 byte per element for FP8, from the same read of each tensor that feeds
+    the forward GEMM when ``fmt == grad_fmt``. The gradients are bit-identical.
+
     ``activations="bf16"`` (weight-only, for inference): ``x`` is not quantized; bfloat16 and
     float16 ``x`` go in as they are, other floats rounded to bfloat16, and only ``w`` is quantized
     (``fmt``): one weight-only gemm_amax. ``w`` may then be a :class:`PreparedWeight`
@@ -188,6 +267,7 @@ def mx_matmul(
     """
     if activations not in _ACTIVATIONS:
         raise ValueError(f"mx_matmul: activations must be one of {_ACTIVATIONS}, got {activations!r}")
+    _check_save_residuals(save_residuals, "mx_matmul")
     x = jnp.asarray(x)
     if isinstance(w, PreparedWeight):
         if activations != "bf16":
@@ -209,7 +289,7 @@ def mx_matmul(
     if isinstance(w, PreparedWeight):
         y, amax = _weight_only_gemm(x, w, c_dtype)
     else:
-        y, amax = _mx_matmul(x, w, _Config(fmt, grad_fmt, c_dtype, activations == "bf16"))
+        y, amax = _mx_matmul(x, w, _Config(fmt, grad_fmt, c_dtype, activations == "bf16", save_residuals))
     return y.astype(out_dtype), jax.lax.stop_gradient(amax)
 
 
@@ -236,9 +316,11 @@ class MXLinear(nnx.Module):
     contraction axis (out_features for dgrad, the flattened batch for wgrad); both operands of a
     backward GEMM use ``grad_fmt`` because the kernel takes one element dtype for A and B. The
     bias gradient is the fp32 sum of dY. Gradients come back in the parameters' / input's dtypes.
-    The VJP saves ``x`` and the kernel in their own precision (what ``nnx.Linear`` saves) and
-    quantizes them for the backward GEMMs there. Every scale is computed just in time from the
-    tensor's own blocks (MX scaling), so no amax history feeds the layer's own quantization.
+    By default (``save_residuals="full"``) the VJP saves ``x`` and the kernel in their own
+    precision (what ``nnx.Linear`` saves) and quantizes them for the backward GEMMs there; with
+    ``"quantized"`` it saves only those backward operands, quantized in the forward pass. Every
+    scale is computed just in time from the tensor's own blocks (MX scaling), so no amax history
+    feeds the layer's own quantization.
 
     State: ``output_amax`` (:class:`OutputAmax`) holds ``max |y|`` of the latest call, on the fp32
     output before rounding to out_dtype (the GEMM's fused amax when ``use_bias=False``; with a
@@ -261,6 +343,12 @@ class MXLinear(nnx.Module):
       out_dtype: output dtype; default the input's dtype.
       param_dtype, kernel_init, bias_init, kernel_metadata, bias_metadata: as in ``nnx.Linear``
         (the metadata carries e.g. sharding annotations).
+      save_residuals: what the VJP keeps for the backward pass. ``"full"`` (default): the
+        activations and the kernel in their own precision. ``"quantized"``: only the operands the
+        backward GEMMs take from them, in ``grad_fmt`` (activations along the batch, the kernel
+        along out_features), about 1 byte per element for FP8 instead of 2-4; when
+        ``fmt == grad_fmt`` the forward pass quantizes each tensor for both passes in one read.
+        Gradients are bit-identical either way.
       amax_history_length: length of ``amax_history`` (0: keep none).
       update_amax: whether forward calls update the amax state (also settable later as the
         attribute ``update_amax``).
@@ -287,6 +375,7 @@ class MXLinear(nnx.Module):
         amax_history_length: int = 16,
         update_amax: bool = True,
         weight_only: bool = False,
+        save_residuals: str = "full",
         rngs: nnx.Rngs,
         kernel_metadata: Mapping[str, Any] = MappingProxyType({}),
         bias_metadata: Mapping[str, Any] = MappingProxyType({}),
@@ -296,6 +385,7 @@ class MXLinear(nnx.Module):
             formats.get_format(grad_fmt)
         except ValueError as e:
             raise ValueError(f"grad_fmt: {e}") from None
+        _check_save_residuals(save_residuals, "MXLinear")
         if int(in_features) < 1 or int(out_features) < 1:
             raise ValueError(f"in_features and out_features must be >= 1, got {in_features}, {out_features}")
         if int(amax_history_length) < 0:
@@ -326,6 +416,7 @@ class MXLinear(nnx.Module):
         self.amax_history_length = int(amax_history_length)
         self.update_amax = bool(update_amax)
         self.weight_only = bool(weight_only)
+        self.save_residuals = save_residuals
         self.kernel_q: QuantizedKernel | None = nnx.data(None)
         self.kernel_scales: QuantizedKernel | None = nnx.data(None)
 
@@ -354,7 +445,12 @@ class MXLinear(nnx.Module):
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
         kernel = self._weight()
-        mode = dict(fmt=self.fmt, grad_fmt=self.grad_fmt, activations="bf16" if self.weight_only else "quantized")
+        mode = dict(
+            fmt=self.fmt,
+            grad_fmt=self.grad_fmt,
+            activations="bf16" if self.weight_only else "quantized",
+            save_residuals=self.save_residuals,
+        )
         if self.bias is None:
             y, amax = mx_matmul(x2, kernel, out_dtype=out_dtype, **mode)
         else:

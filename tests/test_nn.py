@@ -236,6 +236,172 @@ def test_all_three_gemms_use_the_kernel():
 
 
 # ---------------------------------------------------------------------------------------------
+# How the operands are quantized: one read per tensor, no transposed copies; what the VJP saves.
+
+
+def _pad2(x, rows, cols):
+    return jnp.pad(x, ((0, -x.shape[0] % rows), (0, -x.shape[1] % cols)))
+
+
+def _transposed_operand_gemm(a, b, fmt, c_dtype):
+    """``a (R, K) · b (S, K)ᵀ``, each operand quantized along K as given (transposes materialized
+    by the caller); K zero-padded to 32 (every format's block and 16-byte row), S to C's 16 bytes."""
+    c_dtype = np.dtype(c_dtype)
+    qa, sfa = jga.quantize(_pad2(a, 1, 32), fmt)
+    qb, sfb = jga.quantize(_pad2(b, 16 // c_dtype.itemsize, 32), fmt)
+    c, amax = jga.gemm_amax(qa, qb, sfa, sfb, c_dtype=c_dtype, sf_vec_size=jga.FORMATS[fmt].sf_vec_size)
+    return c[:, : b.shape[0]], amax
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4))
+def _reference_vjp(x, w, dy, fmt, grad_fmt):
+    """y, amax, dX, dW of mx_matmul written with the transposed arrays quantized along their last axis."""
+    y, amax = _transposed_operand_gemm(x, w.T, fmt, x.dtype)
+    dx, _ = _transposed_operand_gemm(dy, w, grad_fmt, jnp.float32)
+    dw, _ = _transposed_operand_gemm(x.T, dy.T, grad_fmt, jnp.float32)
+    return y, amax, dx.astype(x.dtype), dw.astype(w.dtype)
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4, 5, 6))
+def _mx_matmul_vjp(x, w, dy, fmt, grad_fmt, save_residuals, activations="quantized"):
+    call = functools.partial(
+        mx_matmul, fmt=fmt, grad_fmt=grad_fmt, save_residuals=save_residuals, activations=activations
+    )
+    (y, amax), vjp = jax.vjp(call, x, w)
+    return y, amax, *vjp((dy, jnp.zeros_like(amax)))
+
+
+FORMAT_PAIRS = [("mxfp8_e4m3", "mxfp8_e4m3"), ("mxfp8_e4m3", "mxfp8_e5m2"), ("nvfp4", "mxfp8_e4m3"), ("mxfp4", "mxfp4")]
+
+
+@pytest.mark.parametrize("fmt,grad_fmt", FORMAT_PAIRS)
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("m,k,n", [(64, 96, 32), (45, 40, 24), (33, 17, 70)])
+def test_outputs_and_gradients_bit_identical_to_transposed_operands(rng, m, k, n, dtype, fmt, grad_fmt):
+    """Quantizing along the row axis (and both axes in one pass) gives exactly what quantizing the
+    transposed copies gives, padding included, whatever the VJP saves."""
+    x = jnp.asarray(rng.normal(size=(m, k)), dtype)
+    w = jnp.asarray(rng.normal(size=(k, n)), dtype)
+    dy = jnp.asarray(rng.normal(size=(m, n)), dtype)
+    want = _reference_vjp(x, w, dy, fmt, grad_fmt)
+    for save_residuals in ("full", "quantized"):
+        got = _mx_matmul_vjp(x, w, dy, fmt, grad_fmt, save_residuals)
+        for name, a, b in zip(("y", "amax", "dX", "dW"), got, want):
+            assert a.dtype == b.dtype and a.shape == b.shape, (save_residuals, name)
+            np.testing.assert_array_equal(
+                np.asarray(a, np.float32), np.asarray(b, np.float32), f"{save_residuals} {name}"
+            )
+
+
+@pytest.mark.parametrize("fmt,grad_fmt", [("mxfp8_e4m3", "mxfp8_e4m3"), ("nvfp4", "mxfp8_e5m2")])
+def test_weight_only_gradients_same_with_quantized_residuals(rng, fmt, grad_fmt):
+    x = jnp.asarray(rng.normal(size=(21, 50)), jnp.bfloat16)
+    w = jnp.asarray(rng.normal(size=(50, 30)), jnp.float32)
+    dy = jnp.asarray(rng.normal(size=(21, 30)), jnp.bfloat16)
+    full = _mx_matmul_vjp(x, w, dy, fmt, grad_fmt, "full", "bf16")
+    quantized = _mx_matmul_vjp(x, w, dy, fmt, grad_fmt, "quantized", "bf16")
+    for a, b in zip(quantized, full):
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+
+
+def _quantize_modes(jaxpr, found):
+    """The mode of every quantize in a jaxpr and its sub-jaxprs (1 rows, 2 columns, 3 both), and
+    whether anything is transposed."""
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "jax_gemm_amax_quantize":
+            found.append(eqn.params["mode"])
+        elif eqn.primitive.name == "transpose":
+            found.append("transpose")
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, (list, tuple)) else [param]:
+                if hasattr(sub, "eqns") or hasattr(sub, "jaxpr"):
+                    _quantize_modes(getattr(sub, "jaxpr", sub), found)
+    return found
+
+
+@pytest.mark.parametrize(
+    "fmt,grad_fmt,save_residuals,modes",
+    [
+        # forward: x rows, w columns; backward: x columns, w rows, dY both
+        ("mxfp8_e4m3", "mxfp8_e4m3", "full", [1, 1, 2, 2, 3]),
+        # x and w each read once for both passes
+        ("mxfp8_e4m3", "mxfp8_e4m3", "quantized", [3, 3, 3]),
+        ("nvfp4", "mxfp8_e4m3", "quantized", [1, 1, 2, 2, 3]),
+    ],
+)
+def test_each_operand_quantized_without_transposes(fmt, grad_fmt, save_residuals, modes):
+    x, w = jnp.ones((45, 40)), jnp.ones((40, 24))
+    loss = lambda x, w: jnp.sum(mx_matmul(x, w, fmt=fmt, grad_fmt=grad_fmt, save_residuals=save_residuals)[0])
+    jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(x, w).jaxpr
+    assert sorted(_quantize_modes(jaxpr, []), key=str) == modes
+
+
+@pytest.mark.parametrize("fmt,grad_fmt", [("mxfp8_e4m3", "mxfp8_e4m3"), ("mxfp4", "mxfp8_e5m2")])
+def test_quantized_residuals_are_one_byte_codes(rng, fmt, grad_fmt):
+    m, k, n = 256, 128, 128  # whole 128x4 scale blocks: no scale padding
+    x = jnp.asarray(rng.normal(size=(m, k)), jnp.float32)
+    w = jnp.asarray(rng.normal(size=(k, n)), jnp.float32)
+
+    def residuals(save_residuals):
+        call = functools.partial(mx_matmul, fmt=fmt, grad_fmt=grad_fmt, save_residuals=save_residuals)
+        return jax.tree_util.tree_leaves(jax.vjp(call, x, w)[1])
+
+    def is_float_copy(leaf, of):
+        return jnp.issubdtype(leaf.dtype, jnp.floating) and leaf.dtype.itemsize > 1 and leaf.size == of.size
+
+    full = residuals("full")
+    assert any(is_float_copy(leaf, x) for leaf in full) and any(is_float_copy(leaf, w) for leaf in full)
+    quantized = residuals("quantized")
+    assert not any(is_float_copy(leaf, x) or is_float_copy(leaf, w) for leaf in quantized)
+    assert all(leaf.dtype.itemsize == 1 for leaf in quantized)  # grad_fmt codes and scales
+    # x along M and w along out_features, codes plus one scale per 32 values
+    assert sum(leaf.nbytes for leaf in quantized) == (m * k + k * n) * (1 + 1 / 32)
+
+
+def test_quantized_residuals_shrink_a_layer_stack():
+    """fwd+bwd of four layers under lax.scan (so the saved activations are stacked loop outputs):
+    the compiled program's temporaries and outputs, and the forward pass's saved residuals."""
+    m, d = 1024, 128
+    x = jnp.ones((m, d), jnp.float32)
+    ws = jnp.ones((4, d, d), jnp.float32)
+
+    def loss(save_residuals):
+        def body(h, w):
+            return mx_matmul(h, w, save_residuals=save_residuals)[0], None
+
+        return lambda x, ws: jnp.sum(jax.lax.scan(body, x, ws)[0] ** 2)
+
+    def memory(f):
+        stats = jax.jit(f).lower(x, ws).compile().memory_analysis()
+        if stats is None:
+            pytest.skip("no compiled memory statistics on this backend")
+        return stats
+
+    step = {}
+    for mode in ("full", "quantized"):
+        stats = memory(jax.grad(loss(mode), argnums=(0, 1)))
+        step[mode] = stats.temp_size_in_bytes + stats.output_size_in_bytes
+    assert step["quantized"] < 0.8 * step["full"], step
+    # The forward pass alone returns what it saves for the backward pass.
+    saved = {
+        mode: memory(lambda x, ws, mode=mode: jax.vjp(loss(mode), x, ws)[1]).output_size_in_bytes
+        for mode in ("full", "quantized")
+    }
+    # full: four f32 activations and weights; quantized: 1 byte per element (+1/32 for scales)
+    assert saved["full"] - saved["quantized"] > 0.99 * 4 * (m * d + d * d) * (4 - 1 - 1 / 32), saved
+
+
+def test_mxlinear_save_residuals(rng):
+    x = jnp.asarray(rng.normal(size=(3, 7, 40)), jnp.bfloat16)
+    grads = {}
+    for save_residuals in ("full", "quantized"):
+        mx = MXLinear(40, 10, save_residuals=save_residuals, rngs=nnx.Rngs(0))
+        grads[save_residuals] = nnx.grad(lambda m, x: jnp.sum(m(x).astype(jnp.float32) ** 2), argnums=(0, 1))(mx, x)
+    for a, b in zip(jax.tree_util.tree_leaves(grads["quantized"]), jax.tree_util.tree_leaves(grads["full"])):
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+
+
+# ---------------------------------------------------------------------------------------------
 # amax state.
 
 
@@ -435,6 +601,10 @@ def test_errors():
         MXLinear(8, 8, grad_fmt="bf16", rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="amax_history_length"):
         MXLinear(8, 8, amax_history_length=-1, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match=r"MXLinear: save_residuals must be one of \('full', 'quantized'\), got 'fp8'"):
+        MXLinear(8, 8, save_residuals="fp8", rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match=r"mx_matmul: save_residuals must be one of \('full', 'quantized'\), got None"):
+        mx_matmul(jnp.ones((4, 8)), jnp.ones((8, 4)), save_residuals=None)
     mx = MXLinear(8, 4, rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match=r"\(\.\.\., 8\)"):
         mx(jnp.ones((2, 9)))

@@ -3,8 +3,10 @@
 # then the named stages: `tests` (the whole suite on the GPU backend, as JGA_TEST_SHARDS=3 pytest processes at once), `bench` (the
 # side-by-side benchmark, --record), `memcheck` (compute-sanitizer on small cases), `train` (the
 # Flax example's step times), and, when named, `layer` (benchmarks/bench_layer.py: MLP layers with the
-# activation's quantization, f32 and bf16 activations, --record) and `quantize` (benchmarks/bench_quantize.py:
-# the quantize kernels against XLA's jnp fusion, --record printed to its log). Logs and the updated RESULTS.md
+# activation's quantization, f32 and bf16 activations, --record), `layer-train` (bench_layer.py --train: one
+# linear layer's training step and a layer stack's compiled memory, --record), `transformer`
+# (examples/train_transformer.py) and `quantize` (benchmarks/bench_quantize.py: the quantize kernels against
+# XLA's jnp fusion, --record printed to its log). Logs and the updated RESULTS.md
 # land in $OUT. Each stage has its own time limit; the default four take more than 10 minutes in all,
 # so where one command may run 10 minutes at most, run them as two:
 #   benchmarks/gpu_run.sh tests
@@ -77,6 +79,19 @@ if run_stage layer; then
   done
   cp "$REPO/benchmarks/RESULTS.md" "$OUT/RESULTS.md" 2>/dev/null
   stamp "layer"
+fi
+
+if run_stage layer-train; then
+  env -u XLA_PYTHON_CLIENT_PREALLOCATE timeout 400 python3 "$REPO/benchmarks/bench_layer.py" --train --record > "$OUT/layer_train.log" 2>&1
+  echo "layer-train rc=$?"; grep -E "speedup|total / \(a\)|skipped" "$OUT/layer_train.log"; tail -12 "$OUT/layer_train.log"
+  cp "$REPO/benchmarks/RESULTS.md" "$OUT/RESULTS.md" 2>/dev/null
+  stamp "layer-train"
+fi
+
+if run_stage transformer; then
+  timeout 280 python3 "$REPO/examples/train_transformer.py" --print-every 50 --out "$OUT/train_transformer_gpu.png" > "$OUT/train_transformer.log" 2>&1
+  echo "transformer rc=$?"; tail -6 "$OUT/train_transformer.log"
+  stamp "transformer"
 fi
 
 if run_stage quantize; then

@@ -3,7 +3,8 @@
 # then the named stages: `tests` (the whole suite on the GPU backend, as JGA_TEST_SHARDS=3 pytest processes at once), `bench` (the
 # side-by-side benchmark, --record), `memcheck` (compute-sanitizer on small cases), `train` (the
 # Flax example's step times), and, when named, `layer` (benchmarks/bench_layer.py: MLP layers with the
-# activation's quantization, f32 and bf16 activations, --record) and `quantize` (benchmarks/bench_quantize.py:
+# activation's quantization, f32 and bf16 activations, --record), `decode` (benchmarks/bench_decode.py:
+# few-row GEMMs against pre-quantized weights) and `quantize` (benchmarks/bench_quantize.py:
 # the quantize kernels against XLA's jnp fusion, --record printed to its log). Logs and the updated RESULTS.md
 # land in $OUT. Each stage has its own time limit; the default four take more than 10 minutes in all,
 # so where one command may run 10 minutes at most, run them as two:
@@ -77,6 +78,13 @@ if run_stage layer; then
   done
   cp "$REPO/benchmarks/RESULTS.md" "$OUT/RESULTS.md" 2>/dev/null
   stamp "layer"
+fi
+
+if run_stage decode; then
+  # Few-row GEMMs against pre-quantized weights (the few-row kernel); JGA_DECODE_ARGS="--ms 1,16" narrows it.
+  env -u XLA_PYTHON_CLIENT_PREALLOCATE timeout 560 python3 "$REPO/benchmarks/bench_decode.py" ${JGA_DECODE_ARGS:-} > "$OUT/decode.log" 2>&1
+  echo "decode rc=$?"; tail -45 "$OUT/decode.log"
+  stamp "decode"
 fi
 
 if run_stage quantize; then

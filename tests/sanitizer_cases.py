@@ -1,7 +1,8 @@
 """Small gemm_amax calls for `compute-sanitizer --tool memcheck` on a GPU: a partial-tile case
-(M, N not multiples of any tile, K' padded), batched cases, one with A and B pre-converted to BF16
-and one split-K plan with A pre-converted, each checked for correctness; then the quantize kernels
-(rows, columns, pair) on shapes with partial tiles and scale blocks, checked against jnp bit for bit.
+(M, N not multiples of any tile, K' padded), batched cases, one with A and B pre-converted to BF16,
+one split-K plan with A pre-converted, and few-row cases (the few-row kernel), each checked for
+correctness; then the quantize kernels (rows, columns, pair) on shapes with partial tiles and scale
+blocks, checked against jnp bit for bit.
 Not a pytest module: run as `compute-sanitizer --tool memcheck python tests/sanitizer_cases.py`."""
 
 import os
@@ -27,6 +28,11 @@ cases = [
     ("pre-converted A and B e4m3 -> bf16", "e4m3", ml_dtypes.float8_e8m0fnu, 32, 4100, 4104, 352, 1, "bfloat16"),
     # few rows, many columns, long K: tile 256 split-K 2 ways, A pre-converted after the split-K area
     ("split-K with pre-converted A mxfp4 -> f32", "fp4", ml_dtypes.float8_e8m0fnu, 32, 250, 6000, 8192, 1, "float32"),
+    # few rows (M <= 64): the few-row kernel; split-K, partial tiles, a partial scale block, batches
+    ("few rows split-K e4m3 -> bf16", "e4m3", ml_dtypes.float8_e8m0fnu, 32, 7, 1000, 4096, 1, "bfloat16"),
+    ("few rows batched nvfp4 -> packed fp4", "fp4", ml_dtypes.float8_e4m3fn, 16, 33, 224, 4096, 2, "uint8"),
+    ("few rows partial scale block mxfp4 -> f32", "fp4", ml_dtypes.float8_e8m0fnu, 32, 64, 200, 160, 1, "float32"),
+    ("few rows e5m2 -> e4m3", "e5m2", ml_dtypes.float8_e8m0fnu, 32, 1, 136, 8288, 1, "float8_e4m3fn"),
 ]
 for name, kind, sf, sfv, m, n, k, batch, c_dtype in cases:
     p = npref.random_problem(rng, kind, sf, sfv, m, n, k, batch=batch)

@@ -230,6 +230,44 @@ def test_sm90a_kernels_use_no_local_memory(sm90_kernels):
         assert not spills, f"{name[:60]}: {len(spills)} local-memory instructions (register spills)"
 
 
+# ---------------------------------------------------------------------------------------------
+# The few-row kernel (ffi/cuda/skinny), built for every architecture of the build.
+
+SKINNY_KERNELS = 16  # 4 operand formats x 4 token-tile widths
+
+
+@pytest.fixture(scope="module", params=["sm_90a", "sm_100a"])
+def skinny_kernels(request, tools, binary) -> dict[str, str]:
+    cuobjdump, nvdisasm, env = tools
+    arch = request.param
+    listing = _run([cuobjdump, "--list-elf", binary], env)
+    if arch not in listing:
+        if arch == "sm_100a":
+            _skip_or_fail(f"{binary.name} holds no sm_100a cubin (built without 100a in JAX_GEMM_AMAX_CUDA_ARCHS?)")
+        pytest.skip(f"{binary.name} holds no {arch} cubin")
+    if nvdisasm is None:
+        _skip_or_fail("nvdisasm not found (cuobjdump -sass needs it): pip install nvidia-cuda-nvdisasm")
+    sass = _run([cuobjdump, "-sass", "-arch", arch, binary], env)
+    kernels = {name: body for name, body in _sass_by_function(sass).items() if "SkinnyKernel" in name}
+    assert len(kernels) == SKINNY_KERNELS, (
+        f"expected {SKINNY_KERNELS} {arch} SkinnyKernel instantiations, found {sorted(kernels)}"
+    )
+    return kernels
+
+
+def test_skinny_kernels_use_no_local_memory(skinny_kernels):
+    for name, body in skinny_kernels.items():
+        spills = re.findall(r"\b(?:LDL|STL)(?:\.[0-9A-Z]+)*\b", body)
+        assert not spills, f"{name[:60]}: {len(spills)} local-memory instructions (register spills)"
+
+
+def test_skinny_kernels_stream_b_into_tensor_core_mmas(skinny_kernels):
+    for name, body in skinny_kernels.items():
+        assert re.search(r"\bHMMA\.16816\.F32\b", body), f"{name[:60]}: no f16 m16n8k16 HMMA"
+        assert re.search(r"\bLDSM\.16\.M88\.4\b", body), f"{name[:60]}: B not read with ldmatrix.x4"
+        assert re.search(r"\bLDGSTS\b", body), f"{name[:60]}: no cp.async copies"
+
+
 # The quantize kernels (ffi/cuda/quantize): arch-neutral, built for every architecture
 
 

@@ -6,10 +6,14 @@
 //
 // Loads: a ring of kStages stages, each 128 bytes of K of the tile's 128 rows of B (16 KB), of
 // the tokens' A rows and of the scale blocks both need (the physical 128x4 layout holds a tile's
-// 4 K groups as one 512-byte block), copied with 16-byte cp.async (B marked evict-first in L2, A
-// is read by every CTA). B is read from shared memory with ldmatrix (128-byte rows, 16-byte
-// chunks XOR-swizzled by row: conflict-free) and converted in registers; A is converted once per
-// stage by the whole CTA into a buffer in the MMA's fragment order.
+// 4 K groups as one 512-byte block), copied with 16-byte cp.async. B's copies carry no L2 cache
+// hint: with createpolicy and cp.async.L2::cache_hint, ptxas 13.0 addresses some of the ring's
+// refill copies through uniform registers it never writes (sm_90a: MXFP4 with 8 tokens; sm_100a:
+// every instantiation), a garbage memory descriptor on which the GPU raises an illegal
+// instruction (tests/test_cuda_build.py checks the descriptors). B is read from shared memory
+// with ldmatrix (128-byte rows, 16-byte chunks XOR-swizzled by row: conflict-free) and converted
+// in registers; A is converted once per stage by the whole CTA into a buffer in the MMA's
+// fragment order.
 //
 // K order: each thread's 4 bytes of a 16-byte chunk (ldmatrix hands thread t bytes 4t..4t+3)
 // decode into f16x2 registers that feed one or two MMA k-steps; A's codes go through the same
@@ -129,19 +133,9 @@ struct Params {
 __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
-__device__ __forceinline__ uint64_t EvictFirstPolicy() {
-  uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-  return policy;
-}
 // 16 bytes, or zeros where src_bytes is 0 (past a row's end, or a row past the operand).
 __device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, uint32_t src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, uint32_t src_bytes, uint64_t policy) {
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;" ::"r"(dst), "l"(src), "r"(src_bytes),
-               "l"(policy)
-               : "memory");
 }
 __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N>
@@ -283,8 +277,7 @@ __device__ __forceinline__ UnitCopies SetUpCopies(const Params& p, int l, int n0
 }
 
 template <int V, int MT>
-__device__ __forceinline__ void IssueStage(const Params& p, const UnitCopies& u, uint32_t base, int slot, int stage,
-                                           uint64_t policy) {
+__device__ __forceinline__ void IssueStage(const Params& p, const UnitCopies& u, uint32_t base, int slot, int stage) {
   using S = Smem<V, MT>;
   constexpr int kBlocks = Traits<V>::kBlocksPerStage;
   const int tid = threadIdx.x, r = tid >> 3, c = tid & 7;
@@ -294,7 +287,7 @@ __device__ __forceinline__ void IssueStage(const Params& p, const UnitCopies& u,
 #pragma unroll
   for (int j = 0; j < kTileN / 32; ++j) {
     const bool ok = k_ok && ((u.b_rows >> j) & 1u);
-    CpAsync16(dst_b + j * 32 * 128, ok ? u.b + koff + j * rows32 : p.b, ok ? 16u : 0u, policy);
+    CpAsync16(dst_b + j * 32 * 128, ok ? u.b + koff + j * rows32 : p.b, ok ? 16u : 0u);
   }
   const uint32_t dst_a = base + S::kOffA + slot * S::kASlot + r * 128 + ((c ^ (r & 7)) << 4);
 #pragma unroll
@@ -516,7 +509,6 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<MT>) SkinnyKernel(cons
   uint32_t reset_old = 0;
   bool reset_done = false;
   if (tid == 0) reset_old = ResetArrive(p.reset_word);
-  const uint64_t policy = EvictFirstPolicy();
 
   for (int unit = blockIdx.x; unit < p.units; unit += gridDim.x) {
     const int tile = unit / p.splits, split = unit - tile * p.splits;
@@ -532,7 +524,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<MT>) SkinnyKernel(cons
     const UnitCopies copies = SetUpCopies<V, MT>(p, l, n0);
 #pragma unroll
     for (int i = 0; i < kStages - 1; ++i) {
-      if (i < count) IssueStage<V, MT>(p, copies, base, i, first + i, policy);
+      if (i < count) IssueStage<V, MT>(p, copies, base, i, first + i);
       CpAsyncCommit();
     }
 #pragma unroll 1
@@ -540,7 +532,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<MT>) SkinnyKernel(cons
       CpAsyncWait<kStages - 2>();
       __syncthreads();  // stage `it` has landed everywhere; every warp is done with stage it - 1's slot
       const int next = it + kStages - 1;
-      if (next < count) IssueStage<V, MT>(p, copies, base, next % kStages, first + next, policy);
+      if (next < count) IssueStage<V, MT>(p, copies, base, next % kStages, first + next);
       CpAsyncCommit();
       ConvertA<V, MT>(p, base, it % kStages);
       __syncthreads();

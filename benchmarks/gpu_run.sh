@@ -5,7 +5,8 @@
 # Flax example's step times), and, when named, `layer` (benchmarks/bench_layer.py: MLP layers with the
 # activation's quantization, f32 and bf16 activations, --record), `layer-train` (bench_layer.py --train: one
 # linear layer's training step and a layer stack's compiled memory, --record), `transformer`
-# (examples/train_transformer.py) and `quantize` (benchmarks/bench_quantize.py: the quantize kernels against
+# (examples/train_transformer.py), `decode` (benchmarks/bench_decode.py: few-row GEMMs against
+# pre-quantized weights) and `quantize` (benchmarks/bench_quantize.py: the quantize kernels against
 # XLA's jnp fusion, --record printed to its log). Logs and the updated RESULTS.md
 # land in $OUT. Each stage has its own time limit; the default four take more than 10 minutes in all,
 # so where one command may run 10 minutes at most, run them as two:
@@ -92,6 +93,13 @@ if run_stage transformer; then
   timeout 280 python3 "$REPO/examples/train_transformer.py" --print-every 50 --out "$OUT/train_transformer_gpu.png" > "$OUT/train_transformer.log" 2>&1
   echo "transformer rc=$?"; tail -6 "$OUT/train_transformer.log"
   stamp "transformer"
+fi
+
+if run_stage decode; then
+  # Few-row GEMMs against pre-quantized weights (the few-row kernel); JGA_DECODE_ARGS="--ms 1,16" narrows it.
+  env -u XLA_PYTHON_CLIENT_PREALLOCATE timeout 560 python3 "$REPO/benchmarks/bench_decode.py" ${JGA_DECODE_ARGS:-} > "$OUT/decode.log" 2>&1
+  echo "decode rc=$?"; tail -45 "$OUT/decode.log"
+  stamp "decode"
 fi
 
 if run_stage quantize; then

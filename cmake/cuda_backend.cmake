@@ -31,6 +31,13 @@ else()
   message(FATAL_ERROR "JAX_GEMM_AMAX_CUDA_ARCHS must contain 90a (the Hopper kernels); got ${JAX_GEMM_AMAX_CUDA_ARCHS}")
 endif()
 
+# The few-row kernel (mma.sync, FP8 conversions: sm_89+ PTX): one library for every architecture of the build.
+add_library(jga_cuda_skinny STATIC ffi/cuda/skinny/skinny.cu)
+set_target_properties(jga_cuda_skinny PROPERTIES CUDA_ARCHITECTURES "${JAX_GEMM_AMAX_CUDA_ARCHS}")
+target_compile_options(jga_cuda_skinny PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:${JGA_CUDA_FLAGS}>)
+target_link_libraries(jga_cuda_skinny PUBLIC jga_core CUDA::cudart_static)
+target_link_libraries(jga_cuda PUBLIC jga_cuda_skinny)
+
 if("100a" IN_LIST JAX_GEMM_AMAX_CUDA_ARCHS)
   include(${CMAKE_CURRENT_LIST_DIR}/sm100.cmake)
   target_link_libraries(jga_cuda PUBLIC jga_cuda_sm100)

@@ -10,6 +10,7 @@
 #include "xla/ffi/api/c_api.h"
 #if JGA_WITH_CUDA
 #include "cuda/arch.h"
+#include "cuda/skinny/skinny.h"
 #include "cuda/sm90/gemm_amax_sm90.h"
 #endif
 
@@ -117,6 +118,18 @@ NB_MODULE(_jax_gemm_amax, m) {
     plan["whole_tiles"] = info.whole_tiles;
     plan["preconvert_a"] = info.preconvert_a;
     plan["preconvert_b"] = info.preconvert_b;
+    // Which kernel the handler runs on a GPU of compute capability 9.0: the few-row kernel where it
+    // accepts the problem (then with its own plan), else the sm_90 kernel with the plan above.
+    plan["kernel"] = jga::skinny::Accepts(p) ? "skinny" : "sm90";
+    if (jga::skinny::Accepts(p)) {
+      jga::skinny::PlanInfo few;
+      const cudaError_t e = jga::skinny::PlanFor(p, workspace_bytes, &few, sms);
+      if (e != cudaSuccess)
+        throw std::runtime_error(std::string("sm90_plan (few-row kernel): ") + cudaGetErrorString(e));
+      plan["skinny_tokens"] = few.tokens;
+      plan["skinny_splits"] = few.splits;
+      plan["skinny_grid"] = few.grid;
+    }
     return plan;
   });
 #endif

@@ -33,8 +33,10 @@ def workspace_bytes(batch, m, n, k, operand_dtype, scale_dtype, sf_vec_size, off
     """Device workspace the CUDA handler needs for a problem, asked from the extension, which
     answers for the architecture of the current GPU (SM90: per-tile split-K counters and fp32
     partial tiles, and, if offer_copies, room for the BF16 copies of the operands it may convert
-    once per call; SM100: CUTLASS's kernel workspace) or, without a usable GPU, the largest over
-    the architectures built (0 in a build without CUDA). k in elements. No GPU needed."""
+    once per call; SM100: CUTLASS's kernel workspace; on both, where the few-row kernel takes the
+    problem (M <= 64, ffi/cuda/skinny/skinny.h), at least its split-K partials) or, without a usable
+    GPU, the largest over the architectures built (0 in a build without CUDA). k in elements. No
+    GPU needed."""
     return _ext.workspace_bytes(
         batch, m, n, k, np.dtype(operand_dtype).name, np.dtype(scale_dtype).name, sf_vec_size, offer_copies
     )
@@ -43,7 +45,9 @@ def workspace_bytes(batch, m, n, k, operand_dtype, scale_dtype, sf_vec_size, off
 def sm90_plan(batch, m, n, k, operand_dtype, scale_dtype, sf_vec_size, workspace_bytes, sms=0) -> dict:
     """The plan the SM90 kernel picks on the current GPU (tile_m, splits, whole_tiles, preconvert_a,
     preconvert_b), for tests and reports; sms > 0: on a GPU with that many SMs (host arithmetic, no
-    GPU needed: e.g. 132 for an H200). Built with CUDA only."""
+    GPU needed: e.g. 132 for an H200). "kernel" names the kernel the CUDA handler runs on an sm_90 GPU:
+    "skinny" (the few-row kernel, with skinny_tokens, skinny_splits and skinny_grid) or "sm90".
+    Built with CUDA only."""
     return _ext.sm90_plan(
         batch, m, n, k, np.dtype(operand_dtype).name, np.dtype(scale_dtype).name, sf_vec_size, workspace_bytes, sms
     )

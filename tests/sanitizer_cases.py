@@ -1,8 +1,10 @@
 """Small gemm_amax calls for `compute-sanitizer --tool memcheck` on a GPU: a partial-tile case
-(M, N not multiples of any tile, K' padded), batched cases, one with A and B pre-converted to BF16
-and one split-K plan with A pre-converted, each checked for correctness; then the quantize kernels
-(rows, columns, pair) on shapes with partial tiles and scale blocks, checked against jnp bit for bit.
-Not a pytest module: run as `compute-sanitizer --tool memcheck python tests/sanitizer_cases.py`."""
+(M, N not multiples of any tile, K' padded), batched cases, one with A and B pre-converted to BF16,
+one split-K plan with A pre-converted, and few-row cases (the few-row kernel), each checked for
+correctness; then the quantize kernels (rows, columns, pair) on shapes with partial tiles and scale
+blocks, checked against jnp bit for bit.
+Not a pytest module: run as `compute-sanitizer --tool memcheck python tests/sanitizer_cases.py`;
+JGA_SANITIZER_CASES=<text> runs only the cases whose name holds it (e.g. "few rows", "quantize")."""
 
 import os
 import sys
@@ -18,6 +20,7 @@ import numpy as np  # noqa: E402
 import jax_gemm_amax as jga  # noqa: E402
 
 rng = np.random.default_rng(7)
+only = os.environ.get("JGA_SANITIZER_CASES", "")
 cases = [
     ("partial tiles e4m3 -> bf16", "e4m3", ml_dtypes.float8_e8m0fnu, 32, 200, 136, 320, 1, "bfloat16"),
     ("batched nvfp4 -> packed fp4", "fp4", ml_dtypes.float8_e4m3fn, 16, 130, 96, 256, 3, "uint8"),
@@ -27,8 +30,18 @@ cases = [
     ("pre-converted A and B e4m3 -> bf16", "e4m3", ml_dtypes.float8_e8m0fnu, 32, 4100, 4104, 352, 1, "bfloat16"),
     # few rows, many columns, long K: tile 256 split-K 2 ways, A pre-converted after the split-K area
     ("split-K with pre-converted A mxfp4 -> f32", "fp4", ml_dtypes.float8_e8m0fnu, 32, 250, 6000, 8192, 1, "float32"),
+    # few rows (M <= 64): the few-row kernel; split-K, partial tiles, a partial scale block, batches
+    ("few rows split-K e4m3 -> bf16", "e4m3", ml_dtypes.float8_e8m0fnu, 32, 7, 1000, 4096, 1, "bfloat16"),
+    ("few rows batched nvfp4 -> packed fp4", "fp4", ml_dtypes.float8_e4m3fn, 16, 33, 224, 4096, 2, "uint8"),
+    ("few rows partial scale block mxfp4 -> f32", "fp4", ml_dtypes.float8_e8m0fnu, 32, 64, 200, 160, 1, "float32"),
+    ("few rows e5m2 -> e4m3", "e5m2", ml_dtypes.float8_e8m0fnu, 32, 1, 136, 8288, 1, "float8_e4m3fn"),
+    # 8-token FP4 kernels with splits of 4+ stages: the copy ring's refills run
+    ("few rows refills mxfp4 -> bf16", "fp4", ml_dtypes.float8_e8m0fnu, 32, 5, 256, 4096, 1, "bfloat16"),
+    ("few rows refills nvfp4 -> f32", "fp4", ml_dtypes.float8_e4m3fn, 16, 2, 384, 8192, 1, "float32"),
 ]
 for name, kind, sf, sfv, m, n, k, batch, c_dtype in cases:
+    if only not in name:
+        continue
     p = npref.random_problem(rng, kind, sf, sfv, m, n, k, batch=batch)
     c, amax = jga.gemm_amax(p.a, p.b, p.sfa, p.sfb, c_dtype=c_dtype, sf_vec_size=sfv)
     ref, abssum, ref_amax = npref.gemm_amax_f64(p.a, p.b, p.sfa, p.sfb, sfv)
@@ -47,6 +60,8 @@ quantize_cases = [  # (format, input dtype, mode, x shape): rows/K not multiples
     ("nvfp4", "float32", ROWS, (1, 4100, 1040)),
 ]
 for fmt, dtype, mode, shape in quantize_cases:
+    if only not in f"quantize {fmt} {dtype}":
+        continue
     x = jax.numpy.asarray(rng.standard_normal(shape).astype(np.float32)).astype(dtype)
     got = jax.jit(lambda v, fmt=fmt, mode=mode: quantize_p.bind(v, fmt=fmt, mode=mode))(x)
     want = jax.jit(lambda v, fmt=fmt, mode=mode: quantize_jnp(v, fmt, mode))(x)

@@ -230,6 +230,79 @@ def test_sm90a_kernels_use_no_local_memory(sm90_kernels):
         assert not spills, f"{name[:60]}: {len(spills)} local-memory instructions (register spills)"
 
 
+# ---------------------------------------------------------------------------------------------
+# The few-row kernel (ffi/cuda/skinny), built for every architecture of the build.
+
+SKINNY_KERNELS = 16  # 4 operand formats x 4 token-tile widths
+
+
+@pytest.fixture(scope="module", params=["sm_90a", "sm_100a"])
+def skinny_kernels(request, tools, binary) -> dict[str, str]:
+    cuobjdump, nvdisasm, env = tools
+    arch = request.param
+    listing = _run([cuobjdump, "--list-elf", binary], env)
+    if arch not in listing:
+        if arch == "sm_100a":
+            _skip_or_fail(f"{binary.name} holds no sm_100a cubin (built without 100a in JAX_GEMM_AMAX_CUDA_ARCHS?)")
+        pytest.skip(f"{binary.name} holds no {arch} cubin")
+    if nvdisasm is None:
+        _skip_or_fail("nvdisasm not found (cuobjdump -sass needs it): pip install nvidia-cuda-nvdisasm")
+    sass = _run([cuobjdump, "-sass", "-arch", arch, binary], env)
+    kernels = {name: body for name, body in _sass_by_function(sass).items() if "SkinnyKernel" in name}
+    assert len(kernels) == SKINNY_KERNELS, (
+        f"expected {SKINNY_KERNELS} {arch} SkinnyKernel instantiations, found {sorted(kernels)}"
+    )
+    return kernels
+
+
+def test_skinny_kernels_use_no_local_memory(skinny_kernels):
+    for name, body in skinny_kernels.items():
+        spills = re.findall(r"\b(?:LDL|STL)(?:\.[0-9A-Z]+)*\b", body)
+        assert not spills, f"{name[:60]}: {len(spills)} local-memory instructions (register spills)"
+
+
+# One SASS instruction of a cuobjdump listing: opcode and operands.
+SASS_INSTRUCTION = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[0-9T]\s+)?(?P<op>[A-Z][A-Z0-9_.]*)\s+(?P<args>[^;]*);")
+
+
+def _unwritten_uniform_operands(body: str) -> list[str]:
+    """Instructions whose memory operand (a memory descriptor desc[URn], 64 bits, or a uniform
+    register in an address) reads a uniform register that no instruction of the function writes
+    (a uniform register as the first operand is written; .64 and .128 forms write 2 and 4)."""
+    written: set[int] = set()
+    uses: list[tuple[set[int], str]] = []
+    for m in SASS_INSTRUCTION.finditer(body):
+        op, args = m["op"], m["args"]
+        first = re.fullmatch(r"UR(\d+)", args.split(",")[0].strip())
+        if first:
+            width = 4 if ".128" in op else 2 if ".64" in op else 1
+            written.update(range(int(first[1]), int(first[1]) + width))
+        read: set[int] = set()
+        for r in re.findall(r"desc\[UR(\d+)\]", args):
+            read.update((int(r), int(r) + 1))
+        for address in re.findall(r"(?<!desc)\[([^\]]*)\]", args):
+            read.update(int(r) for r in re.findall(r"\bUR(\d+)\b", address))
+        if read:
+            uses.append((read, f"{op} {args.strip()}"))
+    return [text for read, text in uses if not read <= written]
+
+
+def test_skinny_kernels_address_memory_through_written_registers(skinny_kernels):
+    # ptxas 13.0 compiles cp.async.L2::cache_hint with a createpolicy descriptor into LDGSTS whose
+    # descriptor and shared offset are uniform registers nothing writes (sm_90a: the MXFP4 kernel
+    # for 8 tokens; sm_100a: every kernel); the GPU raises an illegal instruction on them.
+    for name, body in skinny_kernels.items():
+        bad = _unwritten_uniform_operands(body)
+        assert not bad, f"{name[:60]}: {len(bad)} memory operands in unwritten uniform registers, e.g. {bad[0]}"
+
+
+def test_skinny_kernels_stream_b_into_tensor_core_mmas(skinny_kernels):
+    for name, body in skinny_kernels.items():
+        assert re.search(r"\bHMMA\.16816\.F32\b", body), f"{name[:60]}: no f16 m16n8k16 HMMA"
+        assert re.search(r"\bLDSM\.16\.M88\.4\b", body), f"{name[:60]}: B not read with ldmatrix.x4"
+        assert re.search(r"\bLDGSTS\b", body), f"{name[:60]}: no cp.async copies"
+
+
 # The quantize kernels (ffi/cuda/quantize): arch-neutral, built for every architecture
 
 

@@ -4,6 +4,7 @@
 #include <array>
 #include <atomic>
 
+#include "cuda/skinny/skinny.h"
 #include "cuda/sm90/gemm_amax_sm90.h"
 #if defined(JGA_HAVE_SM100)
 #include "cuda/sm100/gemm_amax_sm100.h"
@@ -27,9 +28,12 @@ cudaError_t ComputeCapability(int device, int* cc) {
 }
 
 size_t CudaWorkspaceBytes(const GemmAmaxProblem& p, bool offer_copies) {
-  const size_t sm90 = sm90::WorkspaceBytes(p, offer_copies);
+  // Both architectures run the problems the few-row kernel accepts on it: the larger of its need
+  // and their GEMM's.
+  const size_t few_rows = skinny::WorkspaceBytes(p);
+  const size_t sm90 = std::max(sm90::WorkspaceBytes(p, offer_copies), few_rows);
 #if defined(JGA_HAVE_SM100)
-  const size_t sm100 = sm100::WorkspaceBytes(p);
+  const size_t sm100 = std::max(sm100::WorkspaceBytes(p), few_rows);
 #else
   const size_t sm100 = 0;
 #endif

@@ -16,8 +16,8 @@ cudaError_t ComputeCapability(int device, int* cc);
 
 // Bytes of device workspace to offer a call of `p` (the custom call's workspace result, sized when
 // the JAX lowering runs): the rule of the current device's architecture (sm_90: sm90::WorkspaceBytes,
-// offer_copies as there; sm_100: sm100::WorkspaceBytes) or, with no usable device or none that the
-// build has kernels for, the largest over the architectures built. Asks the device only for its
+// offer_copies as there; sm_100: sm100::WorkspaceBytes; on both at least skinny::WorkspaceBytes) or, with no usable
+// device or none that the build has kernels for, the largest over the architectures built. Asks the device only for its
 // attributes (no allocation, no work).
 size_t CudaWorkspaceBytes(const GemmAmaxProblem& p, bool offer_copies);
 

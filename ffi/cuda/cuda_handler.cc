@@ -15,6 +15,7 @@
 
 #include "common/ffi_problem.h"
 #include "cuda/arch.h"
+#include "cuda/skinny/skinny.h"
 #include "cuda/sm90/gemm_amax_sm90.h"
 #if defined(JGA_HAVE_SM100)
 #include "cuda/sm100/gemm_amax_sm100.h"
@@ -23,7 +24,8 @@
 namespace jga {
 
 // The state of one gemm_amax custom call (one per call site of an executable), made by the
-// instantiate stage: the sm_90 kernel's zeroing word per device (sm90::AllocResetWord). Two calls
+// instantiate stage: the zeroing word per device (sm90::AllocResetWord) of the kernels that zero
+// amax themselves (sm_90's, the few-row kernel). Two calls
 // that XLA runs at the same time (concurrent command-buffer branches) must not share a word.
 struct CallSiteState {
   static xla::ffi::TypeId id;
@@ -51,6 +53,7 @@ ffi::Error CudaError(cudaError_t err, const char* what) {
 }
 
 #if defined(JGA_HAVE_SM100)
+constexpr bool kHaveSm100 = true;
 constexpr const char* kBuiltKernels = "built kernels: sm_90a (H100/H200), sm_100a (B200/GB200)";
 
 // Blackwell B200/GB200 (compute capability 10.0): the sm_100a CUTLASS kernels. The cubins are
@@ -76,6 +79,7 @@ ffi::Error LaunchSm100(const GemmAmaxProblem& problem, const GemmAmaxBuffers& bu
   return ffi::Error::Internal(what + ": " + cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
 }
 #else
+constexpr bool kHaveSm100 = false;
 constexpr const char* kBuiltKernels = "built kernels: sm_90a (H100/H200); this build has no sm_100a kernels";
 #endif
 
@@ -98,6 +102,17 @@ ffi::Error GemmAmaxCudaImpl(cudaStream_t stream, CallSiteState* state, ffi::AnyB
   err = ComputeCapability(device, &cc);
   if (err != cudaSuccess) return CudaError(err, "querying the compute capability");
 
+  // Few rows of A (skinny::Accepts): the memory-bound few-row kernel, built for every arch of the
+  // build, which streams B once (skinny.h).
+  if ((cc == 90 || (kHaveSm100 && cc == 100)) && skinny::Accepts(problem)) {
+    unsigned int* reset_word = device < kMaxDevices ? state->reset_word[device] : nullptr;
+    if (reset_word == nullptr)
+      return ffi::Error::Internal("gemm_amax: no reset word for device " + std::to_string(device) +
+                                  " (the instantiate stage did not prepare it)");
+    err = skinny::Launch(problem, buffers, workspace->untyped_data(), workspace->size_bytes(), stream, reset_word);
+    if (err != cudaSuccess) return CudaError(err, "launching the few-row kernel");
+    return ffi::Error::Success();
+  }
   if (cc == 90) {
     if (const char* why = sm90::Unsupported(problem))
       return ffi::Error(ffi::ErrorCode::kUnimplemented, std::string("gemm_amax (sm_90): ") + why);
@@ -119,7 +134,7 @@ ffi::Error GemmAmaxCudaImpl(cudaStream_t stream, CallSiteState* state, ffi::AnyB
 
 // The instantiate stage runs once per executable (per call site), outside CUDA-graph capture: load
 // the kernels of every device now, so that the execute stage never loads a module while XLA records
-// a graph, and make this call site's state (its sm_90 reset words).
+// a graph, and make this call site's state (its reset words).
 ffi::ErrorOr<std::unique_ptr<CallSiteState>> GemmAmaxCudaInstantiateImpl(int32_t, int32_t, int32_t, int32_t, int32_t) {
   using Result = ffi::ErrorOr<std::unique_ptr<CallSiteState>>;
   const auto fail = [](ffi::Error error) -> Result { return ffi::Unexpected<ffi::Error>(std::move(error)); };
@@ -139,7 +154,8 @@ ffi::ErrorOr<std::unique_ptr<CallSiteState>> GemmAmaxCudaInstantiateImpl(int32_t
     if (prepare == nullptr) continue;
     err = cudaSetDevice(device);
     if (err == cudaSuccess) err = prepare();
-    if (err == cudaSuccess && cc == 90) err = sm90::AllocResetWord(&state->reset_word[device]);
+    if (err == cudaSuccess) err = skinny::Prepare();  // built for every arch with a prepare stage here
+    if (err == cudaSuccess) err = sm90::AllocResetWord(&state->reset_word[device]);
     if (err != cudaSuccess) {
       cudaSetDevice(current);
       return fail(CudaError(err, "loading the kernels"));

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "cuda/common/device.cuh"
 #include "cuda/sm90/wgmma.h"
 
 namespace jga {
@@ -172,13 +173,6 @@ __device__ __forceinline__ uint32_t Lds8(uint32_t addr) {
 __device__ __forceinline__ void Sts128(uint32_t addr, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
   asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(a), "r"(b), "r"(c), "r"(d));
 }
-// |m| = max(|m|, |v|), NaN-propagating (sign of the result is junk; fabs at the end).
-__device__ __forceinline__ float AbsMaxNaN(float m, float v) {
-  float r;
-  asm("max.NaN.xorsign.abs.f32 %0, %1, %2;" : "=f"(r) : "f"(m), "f"(v));
-  return r;
-}
-
 // Programmatic dependent launch: the kernel may start while the grids before it still run (the
 // PreconvertKernel passes); every access to their output waits for them first. Without the launch
 // attribute this returns at once.

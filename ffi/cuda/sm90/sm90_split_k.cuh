@@ -54,10 +54,8 @@ __device__ __forceinline__ void WaitForPartials(const KParams& p, const WorkUnit
   } while (!__all_sync(0xFFFFFFFFu, seen >= need));
 }
 // The launch's zeroing of amax and the split-K counters, ordered before every CTA's first atomic
-// without a kernel before this one. p.reset_word is a grid barrier word as cooperative groups keep
-// theirs (cooperative_groups/details/sync.h): zeroed once when allocated, never reset; CTA 0 adds
-// 0x80000000 - (CTAs - 1), every other CTA 1, so a complete round flips bit 31 and leaves the low
-// bits at zero for the next launch. Run by one warp per CTA (an idle producer warp): CTA 0's
+// without a kernel before this one, on the reset word p.reset_word (ResetArrive,
+// cuda/common/device.cuh). Run by one warp per CTA (an idle producer warp): CTA 0's
 // lanes zero, then lane 0 arrives with release and polls with acquire until the bit flips, then
 // arrives on the CTA's reset mbarrier, which the consumers wait for after every main loop (a
 // completed phase: no wait after the first).
@@ -75,13 +73,7 @@ __device__ __forceinline__ void ResetRound(const KParams& p, uint32_t bar_reset,
     __syncwarp();
   }
   if (lane == 0) {
-    const uint32_t add = blockIdx.x == 0 ? 0x80000000u - (gridDim.x - 1u) : 1u;
-    uint32_t old, now;
-    asm volatile("atom.add.release.gpu.u32 %0, [%1], %2;" : "=r"(old) : "l"(p.reset_word), "r"(add) : "memory");
-    do {
-      asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(now) : "l"(p.reset_word) : "memory");
-      if (((now ^ old) & 0x80000000u) == 0u) __nanosleep(100);
-    } while (((now ^ old) & 0x80000000u) == 0u);
+    ResetWait(p.reset_word, ResetArrive(p.reset_word));
     MbarArriveIf(bar_reset, true);
   }
   __syncwarp();

@@ -1,0 +1,248 @@
+// Host side of the few-row kernel: which problems it takes, its split-K plan and workspace, the
+// launch.
+#include "cuda/skinny/skinny.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+
+#include "cuda/skinny/skinny_kernel.cuh"
+
+namespace jga {
+namespace skinny {
+namespace {
+
+constexpr int kMaxDevices = 64;
+// Split-K: at most this many K ranges per tile, each of at least kMinStagesPerSplit stages
+// (128 bytes of K per row each), so that the copy ring fills before a range ends.
+constexpr int kMaxSplits = 16;
+constexpr int kMinStagesPerSplit = 4;
+
+int VariantOf(const GemmAmaxProblem& p) {
+  if (p.ab_type == OperandType::kE4M3 && p.sf_type == ScaleType::kE8M0) return kE4M3;
+  if (p.ab_type == OperandType::kE5M2 && p.sf_type == ScaleType::kE8M0) return kE5M2;
+  if (p.fp4_operands() && p.sf_type == ScaleType::kE8M0 && p.sf_vec_size == 32) return kMXFP4;
+  if (p.fp4_operands() && p.sf_type == ScaleType::kE4M3 && p.sf_vec_size == 16) return kNVFP4;
+  return -1;  // FP4 with e8m0 scales per 16: a chunk of 32 codes would span two groups
+}
+
+// Index of the token-tile count (kTokenTileCounts) that covers M.
+int TokenTileIndex(int64_t m) { return m <= 8 ? 0 : m <= 16 ? 1 : m <= 32 ? 2 : 3; }
+
+template <int V, int MT>
+constexpr int SmemBytes() {
+  return Smem<V, MT>::kBytes;
+}
+constexpr int kSmemBytes[kVariants][4] = {
+    {SmemBytes<0, 1>(), SmemBytes<0, 2>(), SmemBytes<0, 4>(), SmemBytes<0, 8>()},
+    {SmemBytes<1, 1>(), SmemBytes<1, 2>(), SmemBytes<1, 4>(), SmemBytes<1, 8>()},
+    {SmemBytes<2, 1>(), SmemBytes<2, 2>(), SmemBytes<2, 4>(), SmemBytes<2, 8>()},
+    {SmemBytes<3, 1>(), SmemBytes<3, 2>(), SmemBytes<3, 4>(), SmemBytes<3, 8>()},
+};
+
+// CTAs per SM without a device to ask: what 227 KB of shared memory (1 KB reserved per CTA) and
+// the kernel's register budget allow.
+int HostCtasPerSm(int v, int mt_index) {
+  const int by_smem = (227 * 1024) / (kSmemBytes[v][mt_index] + 1024);
+  return std::max(1, std::min(by_smem, kTokenTileCounts[mt_index] <= 2 ? 2 : 1));
+}
+
+std::atomic<int> g_ctas_per_sm[kMaxDevices][kVariants][4];
+std::atomic<int> g_sms[kMaxDevices];
+
+struct Plan {
+  int splits = 1, stages_per_split = 1, grid = 0;
+  size_t counter_bytes = 0;  // split-K counters at the workspace's start; partials follow
+};
+
+long long Tiles(const GemmAmaxProblem& p) { return p.batch * CeilDiv(p.n, kTileN); }
+long long Stages(const GemmAmaxProblem& p) { return CeilDiv(p.operand_row_bytes(), kStageBytes); }
+size_t CounterBytes(const GemmAmaxProblem& p) { return static_cast<size_t>(CeilDiv(Tiles(p) * 4, 256) * 256); }
+size_t SplitBytes(const GemmAmaxProblem& p, int splits) {
+  if (splits <= 1) return 0;
+  const size_t mt = static_cast<size_t>(kTokenTileCounts[TokenTileIndex(p.m)]);
+  return CounterBytes(p) + static_cast<size_t>(Tiles(p)) * splits * mt * kThreads * sizeof(float4);
+}
+
+// Splits that fill the co-resident CTAs (one wave of units) without ranges shorter than
+// kMinStagesPerSplit, as many as the workspace holds; no split is left empty.
+Plan MakePlan(const GemmAmaxProblem& p, int sms, int ctas_per_sm, size_t workspace_bytes) {
+  const long long tiles = Tiles(p), stages = Stages(p), cap = static_cast<long long>(sms) * ctas_per_sm;
+  long long splits = 1;
+  if (tiles < cap)
+    splits = std::min<long long>({cap / tiles, std::max<long long>(1, stages / kMinStagesPerSplit), kMaxSplits});
+  while (splits > 1 && SplitBytes(p, static_cast<int>(splits)) > workspace_bytes) --splits;
+  Plan plan;
+  plan.stages_per_split = static_cast<int>(CeilDiv(stages, splits));
+  plan.splits = static_cast<int>(CeilDiv(stages, plan.stages_per_split));
+  plan.grid = static_cast<int>(std::min(tiles * plan.splits, cap));
+  plan.counter_bytes = plan.splits > 1 ? CounterBytes(p) : 0;
+  return plan;
+}
+
+template <int V, int MT>
+cudaError_t Configure(int dev) {
+  const auto kernel = SkinnyKernel<V, MT>;
+  constexpr int kBytes = Smem<V, MT>::kBytes;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes);
+  if (err == cudaSuccess)
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+  int ctas = 0;
+  if (err == cudaSuccess) err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, kThreads, kBytes);
+  if (err != cudaSuccess) return err;
+  if (ctas <= 0) return cudaErrorInvalidConfiguration;
+  int mt_index = 0;
+  while (kTokenTileCounts[mt_index] != MT) ++mt_index;
+  g_ctas_per_sm[dev][V][mt_index].store(ctas, std::memory_order_release);
+  return cudaSuccess;
+}
+
+template <int V>
+cudaError_t ConfigureVariant(int dev) {
+  cudaError_t err = Configure<V, 1>(dev);
+  if (err == cudaSuccess) err = Configure<V, 2>(dev);
+  if (err == cudaSuccess) err = Configure<V, 4>(dev);
+  if (err == cudaSuccess) err = Configure<V, 8>(dev);
+  return err;
+}
+
+template <int V, int MT>
+cudaError_t LaunchKernel(const Params& params, int grid, cudaStream_t stream) {
+  // Cooperative: the zeroing round needs every CTA resident (the grid is capped at the occupancy).
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeCooperative;
+  attr[0].val.cooperative = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(grid), 1, 1);
+  cfg.blockDim = dim3(kThreads, 1, 1);
+  cfg.dynamicSmemBytes = Smem<V, MT>::kBytes;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, SkinnyKernel<V, MT>, params);
+}
+
+template <int V>
+cudaError_t LaunchVariant(const Params& params, int mt_index, int grid, cudaStream_t stream) {
+  switch (mt_index) {
+    case 0: return LaunchKernel<V, 1>(params, grid, stream);
+    case 1: return LaunchKernel<V, 2>(params, grid, stream);
+    case 2: return LaunchKernel<V, 4>(params, grid, stream);
+    default: return LaunchKernel<V, 8>(params, grid, stream);
+  }
+}
+
+bool PreparedOn(int dev) { return g_sms[dev].load(std::memory_order_acquire) > 0; }
+
+}  // namespace
+
+bool Accepts(const GemmAmaxProblem& p) {
+  if (ContractViolation(p) != nullptr || p.weight_only() || VariantOf(p) < 0 || p.m > kMaxM) return false;
+  // 32-bit indices: rows, row bytes, units, and element offsets of C's pairs within a batch item.
+  return p.n < (1ll << 30) && p.operand_row_bytes() < (1ll << 30) && p.batch < (1 << 20) &&
+         Tiles(p) * kMaxSplits < INT_MAX;
+}
+
+size_t WorkspaceBytes(const GemmAmaxProblem& p) {
+  if (!Accepts(p)) return 0;
+  const int v = VariantOf(p), mt_index = TokenTileIndex(p.m);
+  const Plan plan = MakePlan(p, kPlanSms, HostCtasPerSm(v, mt_index), static_cast<size_t>(-1));
+  return SplitBytes(p, plan.splits);
+}
+
+cudaError_t Prepare() {
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  if (dev >= kMaxDevices) return cudaErrorInvalidDevice;
+  if (PreparedOn(dev)) return cudaSuccess;
+  err = ConfigureVariant<kE4M3>(dev);
+  if (err == cudaSuccess) err = ConfigureVariant<kE5M2>(dev);
+  if (err == cudaSuccess) err = ConfigureVariant<kMXFP4>(dev);
+  if (err == cudaSuccess) err = ConfigureVariant<kNVFP4>(dev);
+  int sms = 0;
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  if (err != cudaSuccess) return err;
+  g_sms[dev].store(std::max(1, sms), std::memory_order_release);
+  return cudaSuccess;
+}
+
+cudaError_t PlanFor(const GemmAmaxProblem& p, size_t workspace_bytes, PlanInfo* info, int sms) {
+  if (!Accepts(p)) return cudaErrorInvalidValue;
+  const int v = VariantOf(p), mt_index = TokenTileIndex(p.m);
+  int ctas_per_sm = HostCtasPerSm(v, mt_index);
+  if (sms <= 0) {
+    int dev = 0;
+    cudaError_t err = cudaGetDevice(&dev);
+    if (err == cudaSuccess && dev >= kMaxDevices) err = cudaErrorInvalidDevice;
+    if (err == cudaSuccess && !PreparedOn(dev)) err = Prepare();
+    if (err != cudaSuccess) return err;
+    sms = g_sms[dev].load(std::memory_order_acquire);
+    ctas_per_sm = g_ctas_per_sm[dev][v][mt_index].load(std::memory_order_acquire);
+  }
+  const Plan plan = MakePlan(p, sms, ctas_per_sm, workspace_bytes);
+  info->tokens = 8 * kTokenTileCounts[mt_index];
+  info->splits = plan.splits;
+  info->ctas_per_sm = ctas_per_sm;
+  info->grid = plan.grid;
+  return cudaSuccess;
+}
+
+cudaError_t Launch(const GemmAmaxProblem& p, const GemmAmaxBuffers& buf, void* workspace, size_t workspace_bytes,
+                   cudaStream_t stream, unsigned int* reset_word) {
+  if (!Accepts(p) || reset_word == nullptr || buf.amax == nullptr) return cudaErrorInvalidValue;
+  if (workspace == nullptr) workspace_bytes = 0;
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  if (dev >= kMaxDevices) return cudaErrorInvalidDevice;
+  if (!PreparedOn(dev)) {
+    // Preparing sets kernel attributes: never inside a capture.
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    err = cudaStreamIsCapturing(stream, &capturing);
+    if (err == cudaSuccess && capturing != cudaStreamCaptureStatusNone) err = cudaErrorStreamCaptureUnsupported;
+    if (err == cudaSuccess) err = Prepare();
+    if (err != cudaSuccess) return err;
+  }
+  const int v = VariantOf(p), mt_index = TokenTileIndex(p.m);
+  const Plan plan = MakePlan(p, g_sms[dev].load(std::memory_order_acquire),
+                             g_ctas_per_sm[dev][v][mt_index].load(std::memory_order_acquire), workspace_bytes);
+
+  Params k{};
+  k.a = static_cast<const uint8_t*>(buf.a);
+  k.b = static_cast<const uint8_t*>(buf.b);
+  k.sfa = static_cast<const uint8_t*>(buf.sfa);
+  k.sfb = static_cast<const uint8_t*>(buf.sfb);
+  k.c = buf.c;
+  k.amax = buf.amax;
+  k.m = static_cast<int>(p.m);
+  k.n = static_cast<int>(p.n);
+  k.l = static_cast<int>(p.batch);
+  k.row_bytes = static_cast<int>(p.operand_row_bytes());
+  k.k_blocks = static_cast<int>(p.k_blocks());
+  k.sfa_batch_stride = p.scale_batch_stride(p.m);
+  k.sfb_batch_stride = p.scale_batch_stride(p.n);
+  k.c_type = static_cast<int>(p.c_type);
+  k.tiles_n = static_cast<int>(CeilDiv(p.n, kTileN));
+  k.tiles = static_cast<int>(Tiles(p));
+  k.splits = plan.splits;
+  k.stages_per_split = plan.stages_per_split;
+  k.num_stages = static_cast<int>(Stages(p));
+  k.units = k.tiles * plan.splits;
+  if (plan.splits > 1) {
+    k.counters = static_cast<unsigned int*>(workspace);
+    k.partials = reinterpret_cast<float4*>(static_cast<uint8_t*>(workspace) + plan.counter_bytes);
+  }
+  k.reset_word = reset_word;
+  switch (v) {
+    case kE4M3: return LaunchVariant<kE4M3>(k, mt_index, plan.grid, stream);
+    case kE5M2: return LaunchVariant<kE5M2>(k, mt_index, plan.grid, stream);
+    case kMXFP4: return LaunchVariant<kMXFP4>(k, mt_index, plan.grid, stream);
+    default: return LaunchVariant<kNVFP4>(k, mt_index, plan.grid, stream);
+  }
+}
+
+}  // namespace skinny
+}  // namespace jga

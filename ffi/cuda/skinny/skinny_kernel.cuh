@@ -1,0 +1,585 @@
+// The few-row kernel (skinny.h): C^T tiles of 128 rows of B x 8..64 tokens of A, K split over CTAs.
+//
+// Work: a unit is one (batch item, 128-row tile of B, K range) and one CTA of 8 warps runs it;
+// every warp owns 16 rows of B. The MMA is mma.sync m16n8k16 f16 -> f32 with the rows of B on its
+// 16-row side and tokens on its 8-column side, so that M = 1..8 wastes no weight bandwidth.
+//
+// Loads: a ring of kStages stages, each 128 bytes of K of the tile's 128 rows of B (16 KB), of
+// the tokens' A rows and of the scale blocks both need (the physical 128x4 layout holds a tile's
+// 4 K groups as one 512-byte block), copied with 16-byte cp.async. B's copies carry no L2 cache
+// hint: with createpolicy and cp.async.L2::cache_hint, ptxas 13.0 addresses some of the ring's
+// refill copies through uniform registers it never writes (sm_90a: MXFP4 with 8 tokens; sm_100a:
+// every instantiation), a garbage memory descriptor on which the GPU raises an illegal
+// instruction (tests/test_cuda_build.py checks the descriptors). B is read from shared memory
+// with ldmatrix (128-byte rows, 16-byte chunks XOR-swizzled by row: conflict-free) and converted
+// in registers; A is converted once per stage by the whole CTA into a buffer in the MMA's
+// fragment order.
+//
+// K order: each thread's 4 bytes of a 16-byte chunk (ldmatrix hands thread t bytes 4t..4t+3)
+// decode into f16x2 registers that feed one or two MMA k-steps; A's codes go through the same
+// Decode, so both operands carry the same permutation of K inside the chunk. A chunk lies within
+// one scale group (16 fp8 codes: half of a 32-group; 32 fp4 codes: one 32-group), so every k-step
+// sums the codes of one group only.
+//
+// Numerics (numerics.h): the codes decode exactly into f16 (e4m3 and e5m2 by hardware conversion
+// and byte placement, NaN and Inf kept; e2m1 as value * 2^-14 by bit placement). MXFP8 and MXFP4
+// (e8m0 scales): per group the MMAs sum into a zeroed block accumulator (products exact in fp32),
+// which is then scaled and added: (block * sfb) * sfa when sfb is within 2^+-64, where the first
+// product is exact and the second rounds once, as the two power-of-two halves do; (block * sfa) *
+// sfb when sfa is; the two halves of numerics.h otherwise (an e8m0 NaN gives NaN). NVFP4 (e4m3
+// scales per 16): value x scale is exact in f16 (at most 6 significant bits, 2^-17..21 with B's
+// extra 2^-7), so the scales go into the conversion and the MMAs accumulate over all of K.
+//
+// Split-K: every split stores its fp32 partial tile in the workspace and counts itself in; the
+// last to arrive adds the splits' partials in split order (deterministic) and runs the epilogue:
+// the tile staged through shared memory, C stored as pairs of columns, the NaN-propagating amax
+// flushed per warp. amax and the counters are zeroed by CTA 0 at the start, ordered before every
+// CTA's first atomic by the reset word's round (ResetArrive / ResetWait): a cooperative launch.
+//
+// A-side variants: A reaches the MMA as f16 fragments written by ConvertA, so an unscaled f16 A is
+// a plain copy there (scale 1), and a bf16 A the same with the bf16 MMA and B decoded to bf16.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/numerics.h"
+#include "common/problem.h"
+#include "cuda/common/device.cuh"
+
+namespace jga {
+namespace skinny {
+
+// Operand formats the kernel has (VariantOf in skinny.cu).
+enum Variant : int { kE4M3 = 0, kE5M2 = 1, kMXFP4 = 2, kNVFP4 = 3 };
+constexpr int kVariants = 4;
+constexpr int kTokenTileCounts[4] = {1, 2, 4, 8};  // MT: 8-token column tiles per CTA
+
+constexpr int kWarps = 8;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kTileN = 16 * kWarps;  // rows of B per CTA (one 128-row scale block)
+constexpr int kStages = 4;
+constexpr int kStageBytes = 128;  // K bytes per row and stage
+
+template <int V>
+struct Traits {
+  static constexpr bool kFp4 = V == kMXFP4 || V == kNVFP4;
+  static constexpr bool kFolded = V == kNVFP4;  // scales folded into the f16 values
+  static constexpr int kSfv = kFolded ? 16 : 32;
+  static constexpr int kGroupsPerStage = (kFp4 ? 2 * kStageBytes : kStageBytes) / kSfv;  // 4, 8, 16
+  static constexpr int kBlocksPerStage = kGroupsPerStage / 4;                            // 1, 2, 4
+  static constexpr int kStepsPerChunk = kFp4 ? 2 : 1;  // MMA k-steps in 16 bytes of codes
+  static constexpr int kSteps = 8 * kStepsPerChunk;    // per stage
+  static constexpr int kHalves = 2 * kStepsPerChunk;   // f16x2 registers decoded from 4 bytes
+  // fp4 codes decode as value * 2^-14: the block sums carry 2^-28 (group path), NVFP4's sums
+  // 2^-7 (B's values are value * scale * 2^-7, A's value * scale).
+  static constexpr float kBlockScale = kFp4 ? 268435456.0f : 1.0f;
+  static constexpr float kAccScale = kFolded ? 128.0f : 1.0f;
+};
+
+template <int V, int MT>
+struct Smem {
+  using Tr = Traits<V>;
+  static constexpr int kTokens = 8 * MT;
+  static constexpr int kBSlot = kTileN * kStageBytes;
+  static constexpr int kASlot = kTokens * kStageBytes;
+  static constexpr int kSfSlot = Tr::kBlocksPerStage * 512;
+  static constexpr int kConvA = Tr::kSteps * MT * 32 * 8;  // [step][token tile][lane] x 2 f16x2
+  static constexpr int kScaleA = Tr::kFolded ? 0 : Tr::kGroupsPerStage * kTokens * 4;  // [group][token] fp32
+  static constexpr int kOffA = kStages * kBSlot;
+  static constexpr int kOffSfb = kOffA + kStages * kASlot;
+  static constexpr int kOffSfa = kOffSfb + kStages * kSfSlot;
+  static constexpr int kOffConv = kOffSfa + kStages * kSfSlot;
+  static constexpr int kOffScaleA = kOffConv + kConvA;
+  static constexpr int kBytes = kOffScaleA + kScaleA;
+  // The epilogue stages the finished tile [token][row] in the B ring; the pitch of 132 floats
+  // puts a warp's fragment-order writes in 32 distinct banks.
+  static constexpr int kCPitch = kTileN + 4;
+  static_assert(kTokens * kCPitch * 4 <= kStages * kBSlot, "C staging fits the B ring");
+};
+
+// Minimum CTAs per SM the kernel is compiled for (register budget: 128 per thread at 2).
+template <int MT>
+constexpr int kMinCtasPerSm = MT <= 2 ? 2 : 1;
+
+struct Params {
+  const uint8_t* a;
+  const uint8_t* b;
+  const uint8_t* sfa;
+  const uint8_t* sfb;
+  void* c;
+  float* amax;
+  int m, n, l;
+  int row_bytes;  // bytes of one row of A and B
+  int k_blocks;   // scale blocks along K
+  long long sfa_batch_stride, sfb_batch_stride;
+  int c_type;
+  int tiles_n;             // 128-row tiles of B per batch item
+  int tiles;               // l * tiles_n
+  int splits;              // K ranges per tile
+  int stages_per_split;    // stages of each K range (the last may have fewer)
+  int num_stages;          // stages of a whole row
+  int units;               // tiles * splits
+  unsigned int* counters;  // [tiles], splits > 1
+  float4* partials;        // [units][MT][kThreads], splits > 1
+  unsigned int* reset_word;
+};
+
+// ---------------------------------------------------------------------------------------------
+// PTX wrappers.
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// 16 bytes, or zeros where src_bytes is 0 (past a row's end, or a row past the operand).
+__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, uint32_t src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void Ldmatrix4(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ uint32_t Lds8(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.u8 %0, [%1];" : "=r"(v) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ uint32_t Lds32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ uint2 Lds64(uint32_t addr) {
+  uint2 v;
+  asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ void Sts32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ void Sts64(uint32_t addr, uint32_t a, uint32_t b) {
+  asm volatile("st.shared.v2.b32 [%0], {%1, %2};" ::"r"(addr), "r"(a), "r"(b) : "memory");
+}
+__device__ __forceinline__ uint32_t Hmul2(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+// Two e4m3 codes -> f16x2, exact (NaN kept).
+__device__ __forceinline__ uint32_t CvtE4M3x2(uint32_t two_codes) {
+  uint32_t d;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(d) : "h"(static_cast<uint16_t>(two_codes)));
+  return d;
+}
+// D += A * B, m16n8k16, f16 inputs, fp32 accumulators.
+__device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint2 b) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b.x), "r"(b.y));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Conversion: 4 bytes of codes -> Traits::kHalves f16x2 registers (k-step s takes h[2s], h[2s+1]).
+template <int V>
+__device__ __forceinline__ void Decode(uint32_t w, uint32_t (&h)[Traits<V>::kHalves]) {
+  if constexpr (V == kE4M3) {
+    h[0] = CvtE4M3x2(w & 0xFFFFu);
+    h[1] = CvtE4M3x2(w >> 16);
+  } else if constexpr (V == kE5M2) {  // an e5m2 code is the high byte of its f16
+    h[0] = __byte_perm(w, 0u, 0x1404);
+    h[1] = __byte_perm(w, 0u, 0x3424);
+  } else {  // e2m1 nibbles i and i + 4: sign << 15 | magnitude << 9 is value * 2^-14
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t x = w >> (4 * i);
+      h[i] = ((x << 9) & 0x0E000E00u) | ((x << 12) & 0x80008000u);
+    }
+  }
+}
+
+// An e4m3 scale byte as f16x2 (both halves), times 2^7 for B (see Traits::kAccScale).
+__device__ __forceinline__ uint32_t ScaleHalf2(uint32_t byte) { return CvtE4M3x2(byte * 0x0101u); }
+constexpr uint32_t kHalf2Pow7 = 0x58005800u;   // f16x2 (2^7, 2^7)
+constexpr uint32_t kHalf2Pow14 = 0x74007400u;  // f16x2 (2^14, 2^14)
+
+__device__ __forceinline__ float E8M0Float(uint32_t e) {
+  return e == 0xFFu ? __uint_as_float(0x7FC00000u) : e == 0u ? __uint_as_float(0x00400000u) : __uint_as_float(e << 23);
+}
+// e8m0 bytes within 2^+-64: a block sum (|x| in 2^-32..2^37, fp4's 2^-28 undone) times it stays a
+// normal fp32 number, so the multiply is exact.
+__device__ __forceinline__ bool Moderate(uint32_t e) { return e - 63u <= 128u; }
+
+// One group's term when the fast path does not apply: x (the block sum, 2^-28 undone) times the
+// combined scale of e8m0 bytes ea (A) and eb (B), per numerics.h.
+__device__ __noinline__ float ExactTerm(float x, uint32_t ea, uint32_t eb) {
+  if (ea == 0xFFu || eb == 0xFFu) return __uint_as_float(0x7FC00000u);
+  if (Moderate(ea)) return (x * E8M0Float(ea)) * E8M0Float(eb);
+  const int e = static_cast<int>(ea) + static_cast<int>(eb) - 254;
+  const int half = e >> 1;
+  return (x * Pow2(half)) * Pow2(e - half);
+}
+
+// Offset of row r (< 128) and group j (< 4) in a 512-byte scale block (problem.h ScaleOffset).
+__device__ __forceinline__ int BlockOffset(int r, int j) { return (r & 31) * 16 + (r >> 5) * 4 + j; }
+
+__device__ __forceinline__ void StoreC(int c_type, void* c, size_t idx, float v0, float v1, bool two) {
+  switch (static_cast<OutputType>(c_type)) {
+    case OutputType::kF32: StorePair<0>(c, idx, v0, v1, two); break;
+    case OutputType::kF16: StorePair<1>(c, idx, v0, v1, two); break;
+    case OutputType::kBF16: StorePair<2>(c, idx, v0, v1, two); break;
+    case OutputType::kE4M3: StorePair<3>(c, idx, v0, v1, two); break;
+    case OutputType::kE5M2: StorePair<4>(c, idx, v0, v1, two); break;
+    default: StorePair<5>(c, idx, v0, v1, two); break;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// One stage's copies into ring slot `slot`: B's 128 rows (8 chunks each, chunk c of row r at
+// c ^ (r & 7)), the tokens' A rows (the same swizzle), the scale blocks of B's tile and of A.
+// Thread i copies chunk i % 8 of rows i / 8 + 32 j, so its sources move by 128 bytes a stage; they
+// are set up once per unit (UnitCopies).
+struct UnitCopies {
+  const uint8_t* b;   // chunk tid % 8 of B row n0 + tid / 8 at stage 0
+  const uint8_t* a;   // chunk tid % 8 of A row tid / 8 at stage 0
+  const uint8_t* sf;  // this thread's 16 bytes of the scale blocks at stage 0 (B's: threads 0-127, A's: 128-255)
+  uint32_t b_rows;    // bit j: B row n0 + tid / 8 + 32 j exists
+};
+
+template <int V, int MT>
+__device__ __forceinline__ UnitCopies SetUpCopies(const Params& p, int l, int n0) {
+  constexpr int kBlocks = Traits<V>::kBlocksPerStage;
+  const int tid = threadIdx.x, r = tid >> 3, c = tid & 7;
+  UnitCopies u;
+  u.b = p.b + (static_cast<size_t>(l) * p.n + n0 + r) * p.row_bytes + c * 16;
+  u.a = p.a + (static_cast<size_t>(l) * p.m + r) * p.row_bytes + c * 16;
+  u.b_rows = 0;
+#pragma unroll
+  for (int j = 0; j < kTileN / 32; ++j) u.b_rows |= (n0 + r + 32 * j < p.n ? 1u : 0u) << j;
+  const int which = tid >> 7, ch = tid & 127;
+  u.sf = nullptr;
+  if (ch < 32 * kBlocks) {
+    const uint8_t* sf = which == 0
+                            ? p.sfb + l * p.sfb_batch_stride + static_cast<size_t>(n0 / kTileN) * p.k_blocks * 512
+                            : p.sfa + l * p.sfa_batch_stride;
+    u.sf = sf + (ch >> 5) * 512 + (ch & 31) * 16;
+  }
+  return u;
+}
+
+template <int V, int MT>
+__device__ __forceinline__ void IssueStage(const Params& p, const UnitCopies& u, uint32_t base, int slot, int stage) {
+  using S = Smem<V, MT>;
+  constexpr int kBlocks = Traits<V>::kBlocksPerStage;
+  const int tid = threadIdx.x, r = tid >> 3, c = tid & 7;
+  const size_t koff = static_cast<size_t>(stage) * kStageBytes, rows32 = static_cast<size_t>(p.row_bytes) * 32;
+  const bool k_ok = static_cast<int>(koff) + c * 16 < p.row_bytes;
+  const uint32_t dst_b = base + slot * S::kBSlot + r * 128 + ((c ^ (r & 7)) << 4);
+#pragma unroll
+  for (int j = 0; j < kTileN / 32; ++j) {
+    const bool ok = k_ok && ((u.b_rows >> j) & 1u);
+    CpAsync16(dst_b + j * 32 * 128, ok ? u.b + koff + j * rows32 : p.b, ok ? 16u : 0u);
+  }
+  const uint32_t dst_a = base + S::kOffA + slot * S::kASlot + r * 128 + ((c ^ (r & 7)) << 4);
+#pragma unroll
+  for (int j = 0; j < (S::kTokens * 8 + kThreads - 1) / kThreads; ++j)
+    if (r + 32 * j < p.m) CpAsync16(dst_a + j * 32 * 128, k_ok ? u.a + koff + j * rows32 : p.a, k_ok ? 16u : 0u);
+  if (u.sf != nullptr) {  // scale blocks: B's tile (row block n0 / 128), A's first row block (M <= 64)
+    const int ch = tid & 127;
+    const bool ok = stage * kBlocks + (ch >> 5) < p.k_blocks;
+    CpAsync16(base + ((tid >> 7) == 0 ? S::kOffSfb : S::kOffSfa) + slot * S::kSfSlot + ch * 16,
+              ok ? u.sf + static_cast<size_t>(stage) * kBlocks * 512 : p.sfb, ok ? 16u : 0u);
+  }
+}
+
+// A of one stage into the fragment buffer: item (token m, chunk c, thread slot t) decodes A's 4
+// bytes at 16c + 4t of row m into the B-operand registers (b0, b1) of k-step(s) of chunk c that
+// lane (m % 8) * 4 + t of every warp reads for token tile m / 8. Tokens past M are zero. The
+// group path also writes A's scales as fp32 [group][token] (1 for tokens past M).
+template <int V, int MT>
+__device__ __forceinline__ void ConvertA(const Params& p, uint32_t base, int slot) {
+  using S = Smem<V, MT>;
+  using Tr = Traits<V>;
+  const int tid = threadIdx.x;
+  const uint32_t raw = base + S::kOffA + slot * S::kASlot, sfa = base + S::kOffSfa + slot * S::kSfSlot;
+  const uint32_t conv = base + S::kOffConv;
+#pragma unroll
+  for (int i = tid; i < S::kTokens * 32; i += kThreads) {
+    const int t = i & 3, m = (i >> 8) * 8 + ((i >> 2) & 7),
+              c = (i >> 5) & 7;  // a warp: 8 tokens x 4 slots of one chunk
+    uint32_t h[Tr::kHalves];
+#pragma unroll
+    for (int x = 0; x < Tr::kHalves; ++x) h[x] = 0u;
+    if (m < p.m) {
+      Decode<V>(Lds32(raw + m * 128 + ((c ^ (m & 7)) << 4) + 4 * t), h);
+      if constexpr (Tr::kFolded) {  // group 2c + t / 2 of the stage: block c / 2, byte 2 (c % 2) + t / 2
+        const uint32_t s = ScaleHalf2(Lds8(sfa + (c >> 1) * 512 + BlockOffset(m, 2 * (c & 1) + (t >> 1))));
+#pragma unroll
+        for (int x = 0; x < Tr::kHalves; ++x) h[x] = Hmul2(Hmul2(h[x], kHalf2Pow14), s);
+      }
+    }
+#pragma unroll
+    for (int s = 0; s < Tr::kStepsPerChunk; ++s)
+      Sts64(conv + (((c * Tr::kStepsPerChunk + s) * MT + (m >> 3)) * 32 + (m & 7) * 4 + t) * 8, h[2 * s], h[2 * s + 1]);
+  }
+  if constexpr (!Tr::kFolded) {
+    for (int i = tid; i < Tr::kGroupsPerStage * S::kTokens; i += kThreads) {
+      const int gi = i / S::kTokens, m = i % S::kTokens;
+      const float f = m < p.m ? E8M0Float(Lds8(sfa + (gi >> 2) * 512 + BlockOffset(m, gi & 3))) : 1.0f;
+      Sts32(base + S::kOffScaleA + i * 4, __float_as_uint(f));
+    }
+  }
+}
+
+// Adds one group's block sums to the accumulators: acc[jt][e] holds row (g, g, g+8, g+8) and
+// token 8 jt + 2t + (0, 1, 0, 1) of the warp's tile.
+template <int V, int MT>
+__device__ __forceinline__ void AddGroup(float (&acc)[MT][4], const float (&blk)[MT][4], uint32_t eb0, uint32_t eb1,
+                                         uint32_t scale_a, int t) {
+  constexpr float kBs = Traits<V>::kBlockScale;
+  float2 fa[MT];
+#pragma unroll
+  for (int jt = 0; jt < MT; ++jt) {
+    const uint2 v = Lds64(scale_a + (8 * jt + 2 * t) * 4);
+    fa[jt] = make_float2(__uint_as_float(v.x), __uint_as_float(v.y));
+  }
+  if (Moderate(eb0) && Moderate(eb1)) {
+    const float fb0 = __uint_as_float(eb0 << 23) * kBs, fb1 = __uint_as_float(eb1 << 23) * kBs;  // normal: Moderate
+#pragma unroll
+    for (int jt = 0; jt < MT; ++jt) {
+      acc[jt][0] = fmaf(blk[jt][0] * fb0, fa[jt].x, acc[jt][0]);
+      acc[jt][1] = fmaf(blk[jt][1] * fb0, fa[jt].y, acc[jt][1]);
+      acc[jt][2] = fmaf(blk[jt][2] * fb1, fa[jt].x, acc[jt][2]);
+      acc[jt][3] = fmaf(blk[jt][3] * fb1, fa[jt].y, acc[jt][3]);
+    }
+  } else {
+#pragma unroll
+    for (int jt = 0; jt < MT; ++jt) {
+      const uint32_t ea0 = __float_as_uint(fa[jt].x) >> 23, ea1 = __float_as_uint(fa[jt].y) >> 23;  // E8M0Float's byte
+      acc[jt][0] += ExactTerm(blk[jt][0] * kBs, ea0, eb0);
+      acc[jt][1] += ExactTerm(blk[jt][1] * kBs, ea1, eb0);
+      acc[jt][2] += ExactTerm(blk[jt][2] * kBs, ea0, eb1);
+      acc[jt][3] += ExactTerm(blk[jt][3] * kBs, ea1, eb1);
+    }
+  }
+}
+
+// One stage of one warp: its 16 rows of B (ldmatrix: matrices rows 0-7 / 8-15 of chunks c, c + 1)
+// against every token tile.
+template <int V, int MT>
+__device__ __forceinline__ void ComputeStage(const Params& p, uint32_t base, int slot, int stage, float (&acc)[MT][4]) {
+  using S = Smem<V, MT>;
+  using Tr = Traits<V>;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = lane & 3;
+  const int r0 = warp * 16 + (lane >> 2);  // this thread's rows of the tile: r0, r0 + 8
+  const uint32_t bslot = base + slot * S::kBSlot, sfb = base + S::kOffSfb + slot * S::kSfSlot;
+  const uint32_t conv = base + S::kOffConv, scale_a = base + S::kOffScaleA;
+  const int lrow = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;  // the row this lane addresses
+  uint32_t wb[Tr::kBlocksPerStage][2];                              // B's scale bytes of 4 groups, rows r0 and r0 + 8
+#pragma unroll
+  for (int kb = 0; kb < Tr::kBlocksPerStage; ++kb) {
+    wb[kb][0] = Lds32(sfb + kb * 512 + BlockOffset(r0, 0));
+    wb[kb][1] = Lds32(sfb + kb * 512 + BlockOffset(r0 + 8, 0));
+  }
+  const int kbyte0 = stage * kStageBytes;
+#pragma unroll
+  for (int cp = 0; cp < 4; ++cp) {  // chunk pairs
+    if (kbyte0 + cp * 32 >= p.row_bytes) break;
+    uint32_t r[4];
+    const int ch = 2 * cp + (lane >> 4);
+    Ldmatrix4(bslot + lrow * 128 + ((ch ^ (lrow & 7)) << 4), r);
+    if constexpr (!Tr::kFp4) {  // one 32-group: chunk 2cp (r0, r1), chunk 2cp + 1 (r2, r3)
+      uint32_t h[4][2];
+#pragma unroll
+      for (int x = 0; x < 4; ++x) Decode<V>(r[x], h[x]);
+      float blk[MT][4];
+#pragma unroll
+      for (int jt = 0; jt < MT; ++jt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) blk[jt][e] = 0.0f;
+#pragma unroll
+        for (int s = 0; s < 2; ++s) {
+          const uint32_t a[4] = {h[2 * s][0], h[2 * s + 1][0], h[2 * s][1], h[2 * s + 1][1]};
+          Mma(blk[jt], a, Lds64(conv + (((2 * cp + s) * MT + jt) * 32 + lane) * 8));
+        }
+      }
+      const int kb = cp >> 2, j = cp & 3;  // group cp of the stage (kBlocksPerStage = 1)
+      AddGroup<V, MT>(acc, blk, (wb[kb][0] >> (8 * j)) & 0xFFu, (wb[kb][1] >> (8 * j)) & 0xFFu,
+                      scale_a + cp * S::kTokens * 4, t);
+    } else {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {  // chunk 2cp + half: rows r0 in r[2 half], r0 + 8 in r[2 half + 1]
+        const int chunk = 2 * cp + half;
+        if (half == 1 && kbyte0 + chunk * 16 >= p.row_bytes) break;
+        uint32_t h0[4], h1[4];
+        Decode<V>(r[2 * half], h0);
+        Decode<V>(r[2 * half + 1], h1);
+        if constexpr (Tr::kFolded) {  // this thread's group 2 chunk + t / 2: block chunk / 2, byte 2 (chunk % 2) + t /
+                                      // 2
+          const int kb = chunk >> 1, sh = 8 * (2 * (chunk & 1) + (t >> 1));
+          const uint32_t s0 = Hmul2(ScaleHalf2((wb[kb][0] >> sh) & 0xFFu), kHalf2Pow7);
+          const uint32_t s1 = Hmul2(ScaleHalf2((wb[kb][1] >> sh) & 0xFFu), kHalf2Pow7);
+#pragma unroll
+          for (int x = 0; x < 4; ++x) {
+            h0[x] = Hmul2(h0[x], s0);
+            h1[x] = Hmul2(h1[x], s1);
+          }
+#pragma unroll
+          for (int jt = 0; jt < MT; ++jt)
+#pragma unroll
+            for (int s = 0; s < 2; ++s) {
+              const uint32_t a[4] = {h0[2 * s], h1[2 * s], h0[2 * s + 1], h1[2 * s + 1]};
+              Mma(acc[jt], a, Lds64(conv + (((2 * chunk + s) * MT + jt) * 32 + lane) * 8));
+            }
+        } else {  // one 32-group per chunk
+          float blk[MT][4];
+#pragma unroll
+          for (int jt = 0; jt < MT; ++jt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) blk[jt][e] = 0.0f;
+#pragma unroll
+            for (int s = 0; s < 2; ++s) {
+              const uint32_t a[4] = {h0[2 * s], h1[2 * s], h0[2 * s + 1], h1[2 * s + 1]};
+              Mma(blk[jt], a, Lds64(conv + (((2 * chunk + s) * MT + jt) * 32 + lane) * 8));
+            }
+          }
+          const int kb = chunk >> 2, sh = 8 * (chunk & 3);
+          AddGroup<V, MT>(acc, blk, (wb[kb][0] >> sh) & 0xFFu, (wb[kb][1] >> sh) & 0xFFu,
+                          scale_a + chunk * S::kTokens * 4, t);
+        }
+      }
+    }
+  }
+}
+
+// The finished tile (fp32 accumulators of every warp) -> C and amax, staged [token][row] through
+// the B ring (free: the pipeline has drained).
+template <int V, int MT>
+__device__ __forceinline__ void StoreTile(const Params& p, uint32_t base, const float (&acc)[MT][4], int l, int n0) {
+  using S = Smem<V, MT>;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, t = lane & 3;
+  const int r0 = warp * 16 + (lane >> 2);
+#pragma unroll
+  for (int jt = 0; jt < MT; ++jt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int m = 8 * jt + 2 * t + (e & 1), r = r0 + 8 * (e >> 1);
+      Sts32(base + (m * S::kCPitch + r) * 4, __float_as_uint(acc[jt][e] * Traits<V>::kAccScale));
+    }
+  __syncthreads();
+  float amax_run = 0.0f;
+  for (int i = tid; i < p.m * (kTileN / 2); i += kThreads) {
+    const int m = i / (kTileN / 2), pr = i % (kTileN / 2), n = n0 + 2 * pr;
+    if (n >= p.n) continue;
+    const uint2 v = Lds64(base + (m * S::kCPitch + 2 * pr) * 4);
+    const float v0 = __uint_as_float(v.x), v1 = __uint_as_float(v.y);
+    const bool two = n + 1 < p.n;
+    amax_run = AbsMaxNaN(amax_run, v0);
+    if (two) amax_run = AbsMaxNaN(amax_run, v1);
+    StoreC(p.c_type, p.c, (static_cast<size_t>(l) * p.m + m) * p.n + n, v0, v1, two);
+  }
+  FlushAmax(amax_run, p.amax, l);
+}
+
+template <int V, int MT>
+__global__ void __launch_bounds__(kThreads, kMinCtasPerSm<MT>) SkinnyKernel(const __grid_constant__ Params p) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  __shared__ uint32_t s_last;
+  const int tid = threadIdx.x;
+  const uint32_t base = SmemAddr(smem);
+
+  // The zeroing round: CTA 0 zeroes amax and the split counters, every CTA arrives; the first
+  // atomic of each CTA (a counter or an amax flush) waits for the round to complete.
+  if (blockIdx.x == 0) {
+    for (int i = tid; i < p.l; i += kThreads) p.amax[i] = 0.0f;
+    if (p.splits > 1)
+      for (int i = tid; i < p.tiles; i += kThreads) p.counters[i] = 0u;
+    __threadfence();
+  }
+  __syncthreads();
+  uint32_t reset_old = 0;
+  bool reset_done = false;
+  if (tid == 0) reset_old = ResetArrive(p.reset_word);
+
+  for (int unit = blockIdx.x; unit < p.units; unit += gridDim.x) {
+    const int tile = unit / p.splits, split = unit - tile * p.splits;
+    const int l = tile / p.tiles_n, n0 = (tile - l * p.tiles_n) * kTileN;
+    const int first = split * p.stages_per_split;
+    const int count = min(p.stages_per_split, p.num_stages - first);  // >= 1 (the planner leaves no empty split)
+
+    float acc[MT][4];
+#pragma unroll
+    for (int jt = 0; jt < MT; ++jt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[jt][e] = 0.0f;
+    const UnitCopies copies = SetUpCopies<V, MT>(p, l, n0);
+#pragma unroll
+    for (int i = 0; i < kStages - 1; ++i) {
+      if (i < count) IssueStage<V, MT>(p, copies, base, i, first + i);
+      CpAsyncCommit();
+    }
+#pragma unroll 1
+    for (int it = 0; it < count; ++it) {
+      CpAsyncWait<kStages - 2>();
+      __syncthreads();  // stage `it` has landed everywhere; every warp is done with stage it - 1's slot
+      const int next = it + kStages - 1;
+      if (next < count) IssueStage<V, MT>(p, copies, base, next % kStages, first + next);
+      CpAsyncCommit();
+      ConvertA<V, MT>(p, base, it % kStages);
+      __syncthreads();
+      ComputeStage<V, MT>(p, base, it % kStages, first + it, acc);
+    }
+    CpAsyncWait<0>();  // only empty groups remain
+
+    if (p.splits > 1) {
+      float4* const partials = p.partials + static_cast<size_t>(tile) * p.splits * MT * kThreads;
+#pragma unroll
+      for (int jt = 0; jt < MT; ++jt)
+        __stcg(partials + (split * MT + jt) * kThreads + tid,
+               make_float4(acc[jt][0], acc[jt][1], acc[jt][2], acc[jt][3]));
+      __threadfence();
+      __syncthreads();
+      if (tid == 0) {
+        if (!reset_done) ResetWait(p.reset_word, reset_old);
+        reset_done = true;
+        s_last = atomicAdd(p.counters + tile, 1u) == static_cast<unsigned int>(p.splits - 1);
+      }
+      __syncthreads();
+      if (!s_last) continue;
+      __threadfence();
+#pragma unroll
+      for (int jt = 0; jt < MT; ++jt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[jt][e] = 0.0f;
+#pragma unroll 1
+      for (int sp = 0; sp < p.splits; ++sp)  // in split order, whichever split finished last
+#pragma unroll
+        for (int jt = 0; jt < MT; ++jt) {
+          const float4 v = __ldcg(partials + (sp * MT + jt) * kThreads + tid);
+          acc[jt][0] += v.x;
+          acc[jt][1] += v.y;
+          acc[jt][2] += v.z;
+          acc[jt][3] += v.w;
+        }
+    } else {
+      if (tid == 0 && !reset_done) ResetWait(p.reset_word, reset_old);
+      reset_done = true;
+      __syncthreads();  // also: every warp is done with the ring, which StoreTile reuses
+    }
+    StoreTile<V, MT>(p, base, acc, l, n0);
+    __syncthreads();  // the staged tile is read before the next unit's copies overwrite the ring
+  }
+  if (tid == 0 && !reset_done) ResetWait(p.reset_word, reset_old);  // a CTA with no unit: the round still completes
+}
+
+}  // namespace skinny
+}  // namespace jga

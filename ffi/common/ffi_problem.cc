@@ -1,37 +1,32 @@
 #include "ffi_problem.h"
 
-#include <sstream>
+#include <string>
 #include <vector>
 
 namespace jga {
-namespace {
 
-std::string ShapeString(const ffi::AnyBuffer& buf) {
-  std::ostringstream os;
-  os << "(";
-  auto dims = buf.dimensions();
-  for (size_t i = 0; i < dims.size(); ++i) os << (i ? ", " : "") << dims[i];
-  os << (dims.size() == 1 ? ",)" : ")");
-  return os.str();
+std::string ShapeString(ffi::Span<const int64_t> dims) {
+  std::string s = "(";
+  for (size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
+  return s + (dims.size() == 1 ? ",)" : ")");
 }
 
-ffi::Error Invalid(const std::string& msg) { return ffi::Error::InvalidArgument("gemm_amax: " + msg); }
-
-bool ShapeIs(const ffi::AnyBuffer& buf, const std::vector<int64_t>& want) {
-  auto dims = buf.dimensions();
+bool ShapeIs(ffi::Span<const int64_t> dims, const std::vector<int64_t>& want) {
   if (dims.size() != want.size()) return false;
   for (size_t i = 0; i < want.size(); ++i)
     if (dims[i] != want[i]) return false;
   return true;
 }
 
-std::string ShapeString(const std::vector<int64_t>& v) {
-  std::ostringstream os;
-  os << "(";
-  for (size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << v[i];
-  os << (v.size() == 1 ? ",)" : ")");
-  return os.str();
+namespace {
+
+using jga::ShapeString;  // the overloads below join, not hide, the shared ones
+std::string ShapeString(const ffi::AnyBuffer& buf) { return ShapeString(buf.dimensions()); }
+bool ShapeIs(const ffi::AnyBuffer& buf, const std::vector<int64_t>& want) {
+  return jga::ShapeIs(buf.dimensions(), want);
 }
+
+ffi::Error Invalid(const std::string& msg) { return ffi::Error::InvalidArgument("gemm_amax: " + msg); }
 
 // XLA element types by numpy name: those an operand or scale may have.
 bool DataTypeNamed(std::string_view name, ffi::DataType* dtype) {

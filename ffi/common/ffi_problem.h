@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "problem.h"
 #include "xla/ffi/api/ffi.h"
@@ -33,6 +34,12 @@ bool ScaleTypeOf(ffi::DataType dtype, ScaleType* type);
 // are the packed uint8 ones the kernels see. The error names the argument and what it got.
 ffi::Error OperandTypeNamed(std::string_view name, OperandType* type);
 ffi::Error ScaleTypeNamed(std::string_view name, ScaleType* type);
+
+// "(2, 3)" / "(4,)": a shape as error messages print it (without iostreams, whose locale state a
+// handler called from XLA's threads must not depend on), and whether `dims` is `want`.
+std::string ShapeString(ffi::Span<const int64_t> dims);
+inline std::string ShapeString(const std::vector<int64_t>& v) { return ShapeString({v.data(), v.size()}); }
+bool ShapeIs(ffi::Span<const int64_t> dims, const std::vector<int64_t>& want);
 
 // Arguments, in order: a (L, M, Kbytes), b (L, N, Kbytes), sfa, sfb (L, rows/128, kblocks, 32, 4, 4).
 // Results: c (L, M, N or N/2), amax (L,) float32.

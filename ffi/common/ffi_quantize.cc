@@ -1,6 +1,7 @@
 #include "ffi_quantize.h"
 
-#include <sstream>
+#include "ffi_problem.h"
+
 #include <string>
 #include <vector>
 
@@ -8,25 +9,6 @@ namespace jga {
 namespace {
 
 ffi::Error Invalid(const std::string& msg) { return ffi::Error::InvalidArgument("quantize: " + msg); }
-
-std::string ShapeString(ffi::Span<const int64_t> dims) {
-  std::ostringstream os;
-  os << "(";
-  for (size_t i = 0; i < dims.size(); ++i) os << (i ? ", " : "") << dims[i];
-  os << (dims.size() == 1 ? ",)" : ")");
-  return os.str();
-}
-
-std::string ShapeString(const std::vector<int64_t>& v) {
-  return ShapeString(ffi::Span<const int64_t>(v.data(), v.size()));
-}
-
-bool ShapeIs(ffi::Span<const int64_t> dims, const std::vector<int64_t>& want) {
-  if (dims.size() != want.size()) return false;
-  for (size_t i = 0; i < want.size(); ++i)
-    if (dims[i] != want[i]) return false;
-  return true;
-}
 
 ffi::DataType CodeType(QuantizeFormat f) {
   switch (f) {

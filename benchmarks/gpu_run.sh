@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine (from the repository root): build and install for sm_90a and check the SASS,
-# then the named stages: `tests` (the whole suite on the GPU backend, as JGA_TEST_SHARDS=3 pytest processes at once), `bench` (the
+# then the named stages: `tests` (the whole suite on the GPU backend, as JGA_TEST_SHARDS=4 pytest processes at once), `bench` (the
 # side-by-side benchmark, --record), `memcheck` (compute-sanitizer on small cases), `train` (the
 # Flax example's step times), and, when named, `layer` (benchmarks/bench_layer.py: MLP layers with the
 # activation's quantization, f32 and bf16 activations, --record), `layer-train` (bench_layer.py --train: one
@@ -45,7 +45,7 @@ if run_stage tests; then
   # JGA_TEST_SHARDS pytest processes at once, each every N-th test (tests/conftest.py): the suite's
   # time is mostly XLA's compiles on the host, ~500 s in one process.
   # JGA_TEST_PATHS (paths relative to the repository root, default tests) runs part of the suite.
-  SHARDS=${JGA_TEST_SHARDS:-3}; pids=(); paths=()
+  SHARDS=${JGA_TEST_SHARDS:-4}; pids=(); paths=()
   for p in ${JGA_TEST_PATHS:-tests}; do paths+=("$REPO/$p"); done
   for ((i = 0; i < SHARDS; i++)); do
     JGA_TEST_SHARD=$i/$SHARDS timeout "${JGA_TEST_TIMEOUT:-530}" python3 -m pytest -q -rfEs -p no:cacheprovider --durations=5 \

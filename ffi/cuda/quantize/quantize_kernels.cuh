@@ -14,6 +14,7 @@
 // the float max, NaN canonical above +Inf).
 #pragma once
 
+#include "cuda/common/ptx.cuh"
 #include "cuda/quantize/quantize_numerics.cuh"
 
 namespace jga::quantize {
@@ -203,12 +204,6 @@ __device__ __forceinline__ void StoreBlock(uint8_t* dst, const float* v, float m
   for (int i = 0; i < kVec; i += 16) StoreCodes16<F>(dst + (FormatTraits<F>::kFp4 ? i / 2 : i), v + i, mul);
 }
 
-__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool in_range) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(in_range ? 16 : 0) : "memory");
-}
-__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-__device__ __forceinline__ void CpAsyncWaitOne() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
-
 // Copies tile (l, t0, d0) of x into the tile buffer at shared address `buf` (rows kTileRows,
 // pitch kTilePitch): 16-byte cp.async chunks where x's rows are 16-byte aligned (elements past
 // R or K zero-filled), element by element otherwise (then complete when this returns).
@@ -224,11 +219,11 @@ __device__ __forceinline__ void LoadTile(const QuantizeProblem& p, const typenam
     const int row0 = threadIdx.x / kChunksPerRow, ch = threadIdx.x % kChunksPerRow;
     const int64_t d = d0 + ch * (16 / int(sizeof(T)));
     const T* src = xl + (t0 + row0) * p.k + d;
-    const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(buf)) + row0 * kPitch + ch * 16;
+    const uint32_t dst = SmemAddr(buf) + row0 * kPitch + ch * 16;
 #pragma unroll
     for (int j = 0; j < kRows / kRowStep; ++j) {
       const bool in_range = t0 + row0 + j * kRowStep < p.rows && d < p.k;
-      CpAsync16(dst + j * kRowStep * kPitch, in_range ? src + j * kRowStep * p.k : xl, in_range);
+      CpAsync16(dst + j * kRowStep * kPitch, in_range ? src + j * kRowStep * p.k : xl, in_range ? 16u : 0u);
     }
   } else {
     for (int i = threadIdx.x; i < kRows * kTileD; i += kTileThreads) {
@@ -286,7 +281,7 @@ __global__ void __launch_bounds__(kTileThreads)
     const uint32_t next = tile_id + gridDim.x;
     if (next < tiles_total) issue(next, tiles + (parity ^ 1) * kTileT * kPitch);
     CpAsyncCommit();
-    CpAsyncWaitOne();  // this thread's copies of the current tile have landed
+    CpAsyncWait<1>();  // this thread's copies of the current tile have landed
     __syncthreads();   // everyone's have
     const uint8_t* buf = tiles + parity * kTileT * kPitch;
     const int64_t l = tile_id / per_item;

@@ -38,8 +38,8 @@ XLA_FLAGS (all three layers compile under it).
 
 Then the compiled memory of value_and_grad over a stack of layers (the first shape's; x -> layer ->
 gelu -> ..., the loss summed): arguments + outputs + temporaries from XLA's memory analysis, (a)
-against (c) saving its full-precision residuals and, where mx_matmul offers save_residuals,
-(c) saving only the quantized operands its backward GEMMs need.
+against (c) saving its full-precision residuals and (c) saving only the quantized operands its
+backward GEMMs need (save_residuals="quantized").
 
     python benchmarks/bench_layer.py --train                  # GPU: 8192x4096x4096, 16384x4096x14336, 4096x8192x8192
     python benchmarks/bench_layer.py --train --shapes 256x256x256 --calls 2 --repeats 2
@@ -48,7 +48,6 @@ against (c) saving its full-precision residuals and, where mx_matmul offers save
 from __future__ import annotations
 
 import argparse
-import inspect
 import os
 import sys
 
@@ -245,14 +244,9 @@ def _xla_mx_linear_bwd(residuals, dy):
 xla_mx_linear.defvjp(_xla_mx_linear_fwd, _xla_mx_linear_bwd)
 
 
-def supports_save_residuals():
-    return "save_residuals" in inspect.signature(mx_matmul).parameters
-
-
-def ours_linear(save_residuals=None):
-    """(c): mx_matmul's output, MXFP8 e4m3 forward and backward (save_residuals: its default when None)."""
-    kw = {} if save_residuals is None else {"save_residuals": save_residuals}
-    return lambda x, w: mx_matmul(x, w, fmt=FMT, grad_fmt=FMT, **kw)[0]
+def ours_linear(save_residuals="full"):
+    """(c): mx_matmul's output, MXFP8 e4m3 forward and backward."""
+    return lambda x, w: mx_matmul(x, w, fmt=FMT, grad_fmt=FMT, save_residuals=save_residuals)[0]
 
 
 TRAIN_LAYERS = {"(a) bf16": bf16_linear, "(b) XLA MXFP8": xla_mx_linear, "(c) mx_matmul": ours_linear()}
@@ -334,17 +328,13 @@ def compiled_memory(fn, args):
 
 def stack_memory_table(t, d_in, d_out, n):
     """Markdown rows: the compiled memory of value_and_grad (over the weights) of an n-layer stack,
-    (a) against (c) with each save_residuals mode this mx_matmul offers."""
+    (a) against (c) with each save_residuals mode."""
     dims = [d_in] + [d_out] * n
     ws = [jax.ShapeDtypeStruct((a, b), jnp.float32) for a, b in zip(dims[:-1], dims[1:])]
     args = (ws, jax.ShapeDtypeStruct((t, d_in), jnp.bfloat16), jax.ShapeDtypeStruct((t, d_out), jnp.bfloat16))
     layers = {"(a) bf16": bf16_linear}
-    if supports_save_residuals():
-        layers['(c) mx_matmul, save_residuals="full"'] = ours_linear("full")
-        layers['(c) mx_matmul, save_residuals="quantized"'] = ours_linear("quantized")
-    else:
-        layers["(c) mx_matmul"] = ours_linear()
-        print('  save_residuals="quantized": skipped (this mx_matmul has no save_residuals option)')
+    for mode in ("full", "quantized"):
+        layers[f'(c) mx_matmul, save_residuals="{mode}"'] = ours_linear(mode)
     mem = {name: compiled_memory(jax.value_and_grad(stack_loss(layer, n)), args) for name, layer in layers.items()}
     base = mem["(a) bf16"]
     rows = [

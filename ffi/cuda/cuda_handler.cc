@@ -102,13 +102,17 @@ ffi::Error GemmAmaxCudaImpl(cudaStream_t stream, CallSiteState* state, ffi::AnyB
   err = ComputeCapability(device, &cc);
   if (err != cudaSuccess) return CudaError(err, "querying the compute capability");
 
+  // The call site's reset word on this device, which the few-row and sm_90 kernels' zeroing round uses.
+  unsigned int* reset_word = device < kMaxDevices ? state->reset_word[device] : nullptr;
+  auto no_reset_word = [&] {
+    return ffi::Error::Internal("gemm_amax: no reset word for device " + std::to_string(device) +
+                                " (the instantiate stage did not prepare it)");
+  };
+
   // Few rows of A (skinny::Accepts): the memory-bound few-row kernel, built for every arch of the
   // build, which streams B once (skinny.h).
   if ((cc == 90 || (kHaveSm100 && cc == 100)) && skinny::Accepts(problem)) {
-    unsigned int* reset_word = device < kMaxDevices ? state->reset_word[device] : nullptr;
-    if (reset_word == nullptr)
-      return ffi::Error::Internal("gemm_amax: no reset word for device " + std::to_string(device) +
-                                  " (the instantiate stage did not prepare it)");
+    if (reset_word == nullptr) return no_reset_word();
     err = skinny::Launch(problem, buffers, workspace->untyped_data(), workspace->size_bytes(), stream, reset_word);
     if (err != cudaSuccess) return CudaError(err, "launching the few-row kernel");
     return ffi::Error::Success();
@@ -116,10 +120,7 @@ ffi::Error GemmAmaxCudaImpl(cudaStream_t stream, CallSiteState* state, ffi::AnyB
   if (cc == 90) {
     if (const char* why = sm90::Unsupported(problem))
       return ffi::Error(ffi::ErrorCode::kUnimplemented, std::string("gemm_amax (sm_90): ") + why);
-    unsigned int* reset_word = device < kMaxDevices ? state->reset_word[device] : nullptr;
-    if (reset_word == nullptr)
-      return ffi::Error::Internal("gemm_amax: no reset word for device " + std::to_string(device) +
-                                  " (the instantiate stage did not prepare it)");
+    if (reset_word == nullptr) return no_reset_word();
     err = sm90::Launch(problem, buffers, workspace->untyped_data(), workspace->size_bytes(), stream, reset_word);
     if (err != cudaSuccess) return CudaError(err, "launching the sm_90 kernel");
     return ffi::Error::Success();

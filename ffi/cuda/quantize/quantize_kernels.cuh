@@ -35,6 +35,7 @@ constexpr int kTilePitch = kTileD * int(sizeof(T)) + kTilePad;
 template <class T>
 constexpr int kTileSmem = 2 * kTileRows<T> * kTilePitch<T>;
 
+// Running max of one thread over the batch items it visits; flushed on every change of item.
 struct AmaxAccumulator {
   int64_t item = -1;
   uint32_t bits = 0;
@@ -148,14 +149,8 @@ __global__ void __launch_bounds__(kRowThreads)
   split(32, dl32, dr32, dc32);
   split(stride - (kU - 1) * 32, dlr, drr, dcr);
   ChunkPos pos;
-  {
-    const int64_t chunk = warp * round + lane;
-    int64_t dl, dr, dc;
-    split(chunk, dl, dr, dc);
-    pos = {dl, dr, dc};
-  }
+  split(warp * round + lane, pos.l, pos.r, pos.c);
   AmaxAccumulator acc;
-  using T = typename InputTraits<I>::T;
   // The loop runs while any lane of the warp has a chunk: all lanes take part in the shuffle.
   for (int64_t base = warp * round; base < total; base += stride) {
     uint4 raw[kU][kVecs];
@@ -249,9 +244,9 @@ __global__ void __launch_bounds__(kTileThreads)
   constexpr int kVec = FormatTraits<F>::kVec;
   constexpr int kTileT = kTileRows<T>;
   constexpr int kPitch = kTilePitch<T>;
-  // Column items: one block of kVec rows of kColsPerItem adjacent columns (one 32-bit word of
-  // 2-byte input per row).
-  constexpr int kColsPerItem = 4 / int(sizeof(T)) > 0 ? 4 / int(sizeof(T)) : 1;
+  // Column items: one block of kVec rows of kColsPerItem adjacent columns (two of 2-byte input,
+  // one of fp32: 256 items of 32-row blocks cover a tile).
+  constexpr int kColsPerItem = 4 / int(sizeof(T));
   constexpr int kColItems = (kTileD / kColsPerItem) * (kTileT / kVec);
   constexpr int kRowItems = kTileT * (kTileD / kVec);
   extern __shared__ __align__(16) uint8_t tiles[];

@@ -347,6 +347,28 @@ __device__ __forceinline__ void AddGroup(float (&acc)[MT][4], const float (&blk)
   }
 }
 
+// The MMAs of one 16-byte chunk's two k-steps (step0, step0 + 1 of the stage) against every token
+// tile: a[s] is k-step s's fragment of B's rows, the tokens' fragments come from the converted A.
+template <int MT>
+__device__ __forceinline__ void MmaChunk(float (&d)[MT][4], const uint32_t (&a)[2][4], uint32_t conv, int step0,
+                                         int lane) {
+#pragma unroll
+  for (int jt = 0; jt < MT; ++jt)
+#pragma unroll
+    for (int s = 0; s < 2; ++s) Mma(d[jt], a[s], Lds64(conv + (((step0 + s) * MT + jt) * 32 + lane) * 8));
+}
+
+// A group's block sums: the chunk's MMAs into zeroed accumulators (AddGroup scales and adds them).
+template <int MT>
+__device__ __forceinline__ void BlockSums(float (&blk)[MT][4], const uint32_t (&a)[2][4], uint32_t conv, int step0,
+                                          int lane) {
+#pragma unroll
+  for (int jt = 0; jt < MT; ++jt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) blk[jt][e] = 0.0f;
+  MmaChunk<MT>(blk, a, conv, step0, lane);
+}
+
 // One stage of one warp: its 16 rows of B (ldmatrix: matrices rows 0-7 / 8-15 of chunks c, c + 1)
 // against every token tile.
 template <int V, int MT>
@@ -375,17 +397,9 @@ __device__ __forceinline__ void ComputeStage(const Params& p, uint32_t base, int
       uint32_t h[4][2];
 #pragma unroll
       for (int x = 0; x < 4; ++x) Decode<V>(r[x], h[x]);
+      const uint32_t a[2][4] = {{h[0][0], h[1][0], h[0][1], h[1][1]}, {h[2][0], h[3][0], h[2][1], h[3][1]}};
       float blk[MT][4];
-#pragma unroll
-      for (int jt = 0; jt < MT; ++jt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) blk[jt][e] = 0.0f;
-#pragma unroll
-        for (int s = 0; s < 2; ++s) {
-          const uint32_t a[4] = {h[2 * s][0], h[2 * s + 1][0], h[2 * s][1], h[2 * s + 1][1]};
-          Mma(blk[jt], a, Lds64(conv + (((2 * cp + s) * MT + jt) * 32 + lane) * 8));
-        }
-      }
+      BlockSums<MT>(blk, a, conv, 2 * cp, lane);
       const int kb = cp >> 2, j = cp & 3;  // group cp of the stage (kBlocksPerStage = 1)
       AddGroup<V, MT>(acc, blk, (wb[kb][0] >> (8 * j)) & 0xFFu, (wb[kb][1] >> (8 * j)) & 0xFFu,
                       scale_a + cp * S::kTokens * 4, t);
@@ -397,35 +411,21 @@ __device__ __forceinline__ void ComputeStage(const Params& p, uint32_t base, int
         uint32_t h0[4], h1[4];
         Decode<V>(r[2 * half], h0);
         Decode<V>(r[2 * half + 1], h1);
-        if constexpr (Tr::kFolded) {  // this thread's group 2 chunk + t / 2: block chunk / 2, byte 2 (chunk % 2) + t /
-                                      // 2
+        // k-step s of the chunk: rows r0 (h0) and r0 + 8 (h1), each as two f16x2 registers.
+        uint32_t a[2][4] = {{h0[0], h1[0], h0[1], h1[1]}, {h0[2], h1[2], h0[3], h1[3]}};
+        if constexpr (Tr::kFolded) {
+          // This thread's group is 2 chunk + t / 2: block chunk / 2, byte 2 (chunk % 2) + t / 2.
           const int kb = chunk >> 1, sh = 8 * (2 * (chunk & 1) + (t >> 1));
           const uint32_t s0 = Hmul2(ScaleHalf2((wb[kb][0] >> sh) & 0xFFu), kHalf2Pow7);
           const uint32_t s1 = Hmul2(ScaleHalf2((wb[kb][1] >> sh) & 0xFFu), kHalf2Pow7);
 #pragma unroll
-          for (int x = 0; x < 4; ++x) {
-            h0[x] = Hmul2(h0[x], s0);
-            h1[x] = Hmul2(h1[x], s1);
-          }
+          for (int s = 0; s < 2; ++s)
 #pragma unroll
-          for (int jt = 0; jt < MT; ++jt)
-#pragma unroll
-            for (int s = 0; s < 2; ++s) {
-              const uint32_t a[4] = {h0[2 * s], h1[2 * s], h0[2 * s + 1], h1[2 * s + 1]};
-              Mma(acc[jt], a, Lds64(conv + (((2 * chunk + s) * MT + jt) * 32 + lane) * 8));
-            }
+            for (int x = 0; x < 4; ++x) a[s][x] = Hmul2(a[s][x], (x & 1) ? s1 : s0);
+          MmaChunk<MT>(acc, a, conv, 2 * chunk, lane);
         } else {  // one 32-group per chunk
           float blk[MT][4];
-#pragma unroll
-          for (int jt = 0; jt < MT; ++jt) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) blk[jt][e] = 0.0f;
-#pragma unroll
-            for (int s = 0; s < 2; ++s) {
-              const uint32_t a[4] = {h0[2 * s], h1[2 * s], h0[2 * s + 1], h1[2 * s + 1]};
-              Mma(blk[jt], a, Lds64(conv + (((2 * chunk + s) * MT + jt) * 32 + lane) * 8));
-            }
-          }
+          BlockSums<MT>(blk, a, conv, 2 * chunk, lane);
           const int kb = chunk >> 2, sh = 8 * (chunk & 3);
           AddGroup<V, MT>(acc, blk, (wb[kb][0] >> sh) & 0xFFu, (wb[kb][1] >> sh) & 0xFFu,
                           scale_a + chunk * S::kTokens * 4, t);

@@ -30,6 +30,36 @@ __device__ __forceinline__ void Fp8WordToRaw(uint32_t x, uint32_t& p0, uint32_t&
     p1 = (h1 << 5) & 0x8FE08FE0u;
   }
 }
+// The bit move above maps the codes FP8 reserves for NaN (e4m3 S.1111.111) and Inf/NaN (e5m2
+// S.11111.MM) to finite values. Fp8Specials flags them: bit 7 of byte i of the result is set when
+// code i of x is one (the masked code plus one carries into bit 7 only from all-ones; no carry
+// crosses a byte), so the OR of many words tells whether any is. Warps that hold one convert on
+// the rare path, Fp8WordToRawSpecial: the flag byte, sign-replicated into its halfword by the same
+// PRMT, sets the BF16 exponent to all-ones, which leaves the code's sign and its mantissa bits
+// (e4m3 111: NaN; e5m2 MM: Inf for 00, else NaN). The multipliers keep them (Inf x 0 is NaN, as
+// in fp32), and so do the MMAs.
+template <int V>
+__device__ __forceinline__ uint32_t Fp8Specials(uint32_t x) {
+  return V == kV_E4M3 ? (x & 0x7F7F7F7Fu) + 0x01010101u : (x & 0x7C7C7C7Cu) + 0x04040404u;
+}
+__device__ __forceinline__ bool AnySpecial(uint32_t specials) { return (specials & 0x80808080u) != 0u; }
+template <int V>
+__device__ __forceinline__ void Fp8WordToRawSpecial(uint32_t x, uint32_t& p0, uint32_t& p1) {
+  Fp8WordToRaw<V>(x, p0, p1);
+  const uint32_t flags = Fp8Specials<V>(x);
+  p0 |= Prmt(flags, 0u, 0x9180u) & 0x7F807F80u;
+  p1 |= Prmt(flags, 0u, 0xB3A2u) & 0x7F807F80u;
+}
+// Fp8WordToRaw, or with kSpecial Fp8WordToRawSpecial.
+template <int V, bool kSpecial>
+__device__ __forceinline__ void Fp8WordToBF16(uint32_t x, uint32_t& p0, uint32_t& p1) {
+  if constexpr (kSpecial) {
+    Fp8WordToRawSpecial<V>(x, p0, p1);
+  } else {
+    Fp8WordToRaw<V>(x, p0, p1);
+  }
+}
+
 // fp4: one 32-bit word (8 codes, low nibble first) -> four bf16x2 pairs (k0,k1)...(k6,k7).
 __device__ __forceinline__ void Fp4WordToRaw(uint32_t x, uint32_t& p0, uint32_t& p1, uint32_t& p2, uint32_t& p3) {
   const uint32_t xe = x << 4;  // even-k nibbles in the high half of each byte
@@ -127,13 +157,13 @@ __device__ __forceinline__ void GatherRowUnit(int ui, int slab, int k_groups, Lo
   }
 }
 
-// Runs convert(std::true_type) when any lane of the warp needs the second multiply (an e8m0 scale
-// above kT, NaN included), else convert(std::false_type): the rare path is a copy of the loop, one
-// uniform branch around it (inside the loop ptxas would issue the multiply predicated for every
-// value).
+// Runs convert(std::true_type) when any lane of the warp takes the rare path (an e8m0 scale above
+// kT, NaN included, that needs a second multiply; an FP8 NaN/Inf code), else
+// convert(std::false_type): the rare path is a copy of the loop, one uniform branch around it
+// (inside the loop ptxas would issue its work predicated for every value).
 template <class Convert>
-__device__ __forceinline__ void WithSecondMultiplyIfAny(bool any_big, Convert&& convert) {
-  if (__any_sync(0xFFFFFFFFu, any_big)) {
+__device__ __forceinline__ void WithRarePathIfAny(bool rare, Convert&& convert) {
+  if (__any_sync(0xFFFFFFFFu, rare)) {
     convert(std::true_type{});
   } else {
     convert(std::false_type{});
@@ -148,9 +178,12 @@ __device__ __forceinline__ void WithSecondMultiplyIfAny(bool any_big, Convert&& 
 // BF16 chunks in the consumers' K order, handed to store(chunk, x, y, z, w). The converter puts
 // chunk c of row r at c ^ (r & 7) of the row (128B swizzle); PreconvertKernel writes it at c, and
 // a 128B-swizzled TMA load of 128-byte rows puts it where the converter would.
-// Must be called by whole warps (a vote picks the rare two-multiply path).
+// Must be called by whole warps (a vote picks the rare two-multiply path). Returns whether a lane
+// of the warp holds an FP8 NaN/Inf code (converted as a finite value): the caller then converts
+// the unit again with ConvertRowUnitSpecial before it publishes the chunks. Flagging while
+// converting, not voting first, lets each code die with its conversion.
 template <int V, class Store>
-__device__ __forceinline__ void ConvertRowUnit(const uint32_t (&codes)[16], const uint32_t (&sf)[4],
+__device__ __forceinline__ bool ConvertRowUnit(const uint32_t (&codes)[16], const uint32_t (&sf)[4],
                                                const bool (&valid)[4], Store&& store) {
   using Tr = VariantTraits<V>;
   if constexpr (!Tr::kFp4) {
@@ -162,13 +195,15 @@ __device__ __forceinline__ void ConvertRowUnit(const uint32_t (&codes)[16], cons
       ScaleToMul<V>(sf[gi], valid[gi], m1[gi], m2[gi], big);
       any_big |= big;
     }
-    WithSecondMultiplyIfAny(any_big, [&](auto two_multiplies) {
+    uint32_t specials = 0u;
+    WithRarePathIfAny(any_big, [&](auto two_multiplies) {
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
         uint32_t lo[4], hi[4];
 #pragma unroll
         for (int t = 0; t < 4; ++t) {
           uint32_t a0, a1;
+          specials |= Fp8Specials<V>(codes[4 * t + s]);
           Fp8WordToRaw<V>(codes[4 * t + s], a0, a1);
           const int gi = t >> 1;
           a0 = MulBF16x2(a0, m1[gi]);
@@ -184,6 +219,7 @@ __device__ __forceinline__ void ConvertRowUnit(const uint32_t (&codes)[16], cons
         store(2 * s + 1, hi[0], hi[1], hi[2], hi[3]);
       }
     });
+    return __any_sync(0xFFFFFFFFu, AnySpecial(specials));
   } else {
     uint32_t m1[4];
     bool any_big = false;
@@ -194,7 +230,7 @@ __device__ __forceinline__ void ConvertRowUnit(const uint32_t (&codes)[16], cons
       ScaleToMul<V>(sf[t], valid[t], m1[t], m2d, big);
       any_big |= big;
     }
-    WithSecondMultiplyIfAny(any_big, [&](auto two_multiplies) {
+    WithRarePathIfAny(any_big, [&](auto two_multiplies) {
 #pragma unroll
       for (int ww = 0; ww < 2; ++ww) {
         uint32_t pr[4][4];  // [pair][t]
@@ -217,6 +253,30 @@ __device__ __forceinline__ void ConvertRowUnit(const uint32_t (&codes)[16], cons
         for (int j = 0; j < 4; ++j) store(2 * (2 * ww + (j >> 1)) + (j & 1), pr[j][0], pr[j][1], pr[j][2], pr[j][3]);
       }
     });
+    return false;  // every E2M1 code is finite
+  }
+}
+
+// ConvertRowUnit's FP8 values again, carrying NaN/Inf codes (Fp8WordToRawSpecial), one code word at
+// a time: code_word(i) returns codes[i] of ConvertRowUnit, store_word(chunk, j, w) stores 32-bit
+// word j of a chunk. It holds few registers (the B converter's 56 do not fit a second copy of
+// ConvertRowUnit's unit of codes and results) and runs only for the rare warps that need it.
+template <int V, class CodeWord, class StoreWord>
+__device__ __forceinline__ void ConvertRowUnitSpecial(CodeWord&& code_word, const uint32_t (&sf)[4],
+                                                      const bool (&valid)[4], StoreWord&& store_word) {
+  static_assert(!VariantTraits<V>::kFp4, "E2M1 has no NaN/Inf codes");
+#pragma unroll
+  for (int gi = 0; gi < 2; ++gi) {
+    uint32_t m1, m2;
+    bool big;
+    ScaleToMul<V>(sf[gi], valid[gi], m1, m2, big);  // m2 = 1 unless big
+#pragma unroll
+    for (int i = 8 * gi; i < 8 * gi + 8; ++i) {  // word i: piece t = i / 4, word s = i % 4
+      uint32_t a0, a1;
+      Fp8WordToRawSpecial<V>(code_word(i), a0, a1);
+      store_word(2 * (i & 3), i >> 2, MulBF16x2(MulBF16x2(a0, m1), m2));
+      store_word(2 * (i & 3) + 1, i >> 2, MulBF16x2(MulBF16x2(a1, m1), m2));
+    }
   }
 }
 
@@ -258,21 +318,39 @@ __device__ __forceinline__ void ConvertAFragment(const uint32_t (&raw)[2][kAWord
       ScaleToMul<V>(s1, valid, m1v[1], m2v[1], big);
     }
   }
+  auto convert = [&](auto special) {
 #pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    uint32_t pr[4][2];  // [kstep][half]
-    if constexpr (!Tr::kFp4) {
+    for (int rr = 0; rr < 2; ++rr) {
+      uint32_t pr[4][2];  // [kstep][half]
+      if constexpr (!Tr::kFp4) {
 #pragma unroll
-      for (int s = 0; s < 4; ++s) Fp8WordToRaw<V>(raw[rr][s], pr[s][0], pr[s][1]);
-    } else {
+        for (int s = 0; s < 4; ++s) Fp8WordToBF16<V, decltype(special)::value>(raw[rr][s], pr[s][0], pr[s][1]);
+      } else {
 #pragma unroll
-      for (int w = 0; w < 2; ++w)
-        Fp4WordToRaw(raw[rr][w], pr[2 * w][0], pr[2 * w][1], pr[2 * w + 1][0], pr[2 * w + 1][1]);
+        for (int w = 0; w < 2; ++w)
+          Fp4WordToRaw(raw[rr][w], pr[2 * w][0], pr[2 * w][1], pr[2 * w + 1][0], pr[2 * w + 1][1]);
+      }
+#pragma unroll
+      for (int s = 0; s < 4; ++s)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) f[s][rr + 2 * hh] = MulBF16x2(pr[s][hh], m1v[rr]);
     }
+  };
+  // Rarer still (an FP8 NaN/Inf code among this warp's): the conversion that carries them, picked
+  // by a vote before converting, so that the codes die with the conversion on either path.
+  bool any_special = false;
+  if constexpr (!Tr::kFp4) {
+    uint32_t specials = 0u;
 #pragma unroll
-    for (int s = 0; s < 4; ++s)
+    for (int rr = 0; rr < 2; ++rr)
 #pragma unroll
-      for (int hh = 0; hh < 2; ++hh) f[s][rr + 2 * hh] = MulBF16x2(pr[s][hh], m1v[rr]);
+      for (int s = 0; s < 4; ++s) specials |= Fp8Specials<V>(raw[rr][s]);
+    any_special = __any_sync(0xFFFFFFFFu, AnySpecial(specials));
+  }
+  if (any_special) {
+    convert(std::true_type{});
+  } else {
+    convert(std::false_type{});
   }
   // Rare (an e8m0 scale above 2^(127-O), or NaN): a second multiplier. One uniform branch around
   // the block; per value, ptxas would issue it predicated every time.

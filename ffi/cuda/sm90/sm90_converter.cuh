@@ -57,9 +57,15 @@ __device__ __forceinline__ void ConvertB(const Cta<Smem<V, MI, kPre>>& cta) {
               }
             },
             [&](int gis) { return Lds8(sfb + (gis >> 2) * 512 + (gis & 3)); }, codes, sf, valid);
-        ConvertRowUnit<V>(codes, sf, valid, [&](int chunk, uint32_t x, uint32_t y, uint32_t z, uint32_t w) {
-          Sts128(dst + ((chunk ^ r7) << 4), x, y, z, w);
-        });
+        if (ConvertRowUnit<V>(codes, sf, valid, [&](int chunk, uint32_t x, uint32_t y, uint32_t z, uint32_t w) {
+              Sts128(dst + ((chunk ^ r7) << 4), x, y, z, w);
+            })) {
+          if constexpr (!Tr::kFp4) {  // an FP8 NaN/Inf code in the warp: the unit again, carrying it
+            ConvertRowUnitSpecial<V>(
+                [&](int i) { return Lds32(raw + ((UnitChunk<V>(ui, i >> 2) ^ r7) << 4) + 4 * (i & 3)); }, sf, valid,
+                [&](int chunk, int j, uint32_t w) { Sts32(dst + ((chunk ^ r7) << 4) + 4 * j, w); });
+          }
+        }
         FenceProxyAsync();
         __syncwarp();
         MbarArriveIf(cta.bar.full_b + 8 * b_ring.stage, lane == 0);

@@ -117,9 +117,17 @@ __global__ void __launch_bounds__(kPreconvertThreads) PreconvertKernel(const Pre
 #pragma unroll
   for (int h = 0; h < kU; ++h) {
     if (h > 0) __syncwarp();  // the previous units' stores have read the stage
-    ConvertRowUnit<V>(codes[h], sf[h], valid[h], [&](int chunk, uint32_t x, uint32_t y, uint32_t z, uint32_t w) {
+    const auto store = [&](int chunk, uint32_t x, uint32_t y, uint32_t z, uint32_t w) {
       ws[lane * 8 + (chunk ^ (lane & 7))] = make_uint4(x, y, z, w);
-    });
+    };
+    if (ConvertRowUnit<V>(codes[h], sf[h], valid[h], store)) {
+      if constexpr (!VariantTraits<V>::kFp4) {  // an FP8 NaN/Inf code in the warp: again, carrying it
+        ConvertRowUnitSpecial<V>([&](int i) { return codes[h][i]; }, sf[h], valid[h],
+                                 [&](int chunk, int j, uint32_t w) {
+                                   reinterpret_cast<uint32_t*>(&ws[lane * 8 + (chunk ^ (lane & 7))])[j] = w;
+                                 });
+      }
+    }
     __syncwarp();
     // Store pass r: 16-byte chunk c = 32r + lane of the warp's 4 KB, i.e. chunk c & 7 of the warp's
     // unit 4r + lane / 8 (unit v, in input order).

@@ -100,7 +100,7 @@ __device__ __forceinline__ void GatherPreconvertUnit(const PreconvertParams& q, 
 }
 
 template <int V>
-__global__ void __launch_bounds__(kPreconvertThreads) PreconvertKernel(const PreconvertParams q) {
+__global__ void __launch_bounds__(kPreconvertThreads, 4) PreconvertKernel(const PreconvertParams q) {
   // Lets the next kernel (the other pass, or the GEMM, whose producer waits for this grid before it
   // loads the BF16 operand(s)) launch as this one's programmatic dependent.
   asm volatile("griddepcontrol.launch_dependents;");
@@ -114,20 +114,14 @@ __global__ void __launch_bounds__(kPreconvertThreads) PreconvertKernel(const Pre
   __shared__ __align__(16) uint4 stage[kPreconvertThreads / 32][32 * 8];  // per warp: 32 units x 8 chunks
   const int lane = threadIdx.x & 31;
   uint4* ws = stage[threadIdx.x >> 5];
+  uint32_t redo = 0u;  // bit h: unit h of the warp's lanes holds an FP8 NaN/Inf code (warp-uniform)
 #pragma unroll
   for (int h = 0; h < kU; ++h) {
     if (h > 0) __syncwarp();  // the previous units' stores have read the stage
     const auto store = [&](int chunk, uint32_t x, uint32_t y, uint32_t z, uint32_t w) {
       ws[lane * 8 + (chunk ^ (lane & 7))] = make_uint4(x, y, z, w);
     };
-    if (ConvertRowUnit<V>(codes[h], sf[h], valid[h], store)) {
-      if constexpr (!VariantTraits<V>::kFp4) {  // an FP8 NaN/Inf code in the warp: again, carrying it
-        ConvertRowUnitSpecial<V>([&](int i) { return codes[h][i]; }, sf[h], valid[h],
-                                 [&](int chunk, int j, uint32_t w) {
-                                   reinterpret_cast<uint32_t*>(&ws[lane * 8 + (chunk ^ (lane & 7))])[j] = w;
-                                 });
-      }
-    }
+    if (ConvertRowUnit<V>(codes[h], sf[h], valid[h], store)) redo |= 1u << h;
     __syncwarp();
     // Store pass r: 16-byte chunk c = 32r + lane of the warp's 4 KB, i.e. chunk c & 7 of the warp's
     // unit 4r + lane / 8 (unit v, in input order).
@@ -143,6 +137,27 @@ __global__ void __launch_bounds__(kPreconvertThreads) PreconvertKernel(const Pre
       const int out_r = q.frag_order ? FragOrderRow(at.r) : at.r;
       const long long dst = (static_cast<long long>(at.l) * q.out_rows + out_r) * q.units_per_row + at.u;
       reinterpret_cast<uint4*>(q.out)[dst * 8 + c] = ws[unit * 8 + (c ^ (unit & 7))];
+    }
+  }
+  if constexpr (!VariantTraits<V>::kFp4) {
+    // The rare units again, carrying their NaN/Inf codes, each lane's own unit straight into the
+    // output over what the store passes wrote (after them: __syncwarp). Loading the codes again
+    // here, with every other unit's registers dead, keeps the pass at its register count.
+#pragma unroll 1
+    for (int h = 0; h < kU; ++h) {
+      if (((redo >> h) & 1u) == 0u) continue;
+      const long long v = first + kPreconvertThreads * h;
+      uint32_t again[16], sf_again[4];
+      bool valid_again[4];
+      GatherPreconvertUnit<V>(q, v, again, sf_again, valid_again);
+      __syncwarp();
+      if (v >= q.units) continue;
+      const UnitPos at(static_cast<int>(v), q);
+      const int out_r = q.frag_order ? FragOrderRow(at.r) : at.r;
+      uint32_t* const dst = reinterpret_cast<uint32_t*>(q.out) +
+                            ((static_cast<long long>(at.l) * q.out_rows + out_r) * q.units_per_row + at.u) * 32;
+      ConvertRowUnitSpecial<V>([&](int i) { return again[i]; }, sf_again, valid_again,
+                               [&](int chunk, int j, uint32_t w) { dst[chunk * 4 + j] = w; });
     }
   }
   // Launched as a programmatic dependent (LaunchPreconvert), this grid may run beside the kernel

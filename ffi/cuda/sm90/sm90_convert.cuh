@@ -157,9 +157,9 @@ __device__ __forceinline__ void GatherRowUnit(int ui, int slab, int k_groups, Lo
   }
 }
 
-// Runs convert(std::true_type) when any lane of the warp takes the rare path (an e8m0 scale above
-// kT, NaN included, that needs a second multiply; an FP8 NaN/Inf code), else
-// convert(std::false_type): the rare path is a copy of the loop, one uniform branch around it
+// Runs convert(std::true_type) when `rare` holds for any lane of the warp (an e8m0 scale above kT,
+// NaN included, that needs a second multiply; an FP8 NaN/Inf code among the consumers' A codes),
+// else convert(std::false_type): the rare path is a copy of the loop, one uniform branch around it
 // (inside the loop ptxas would issue its work predicated for every value).
 template <class Convert>
 __device__ __forceinline__ void WithRarePathIfAny(bool rare, Convert&& convert) {
@@ -338,17 +338,13 @@ __device__ __forceinline__ void ConvertAFragment(const uint32_t (&raw)[2][kAWord
   };
   // Rarer still (an FP8 NaN/Inf code among this warp's): the conversion that carries them, picked
   // by a vote before converting, so that the codes die with the conversion on either path.
-  bool any_special = false;
   if constexpr (!Tr::kFp4) {
     uint32_t specials = 0u;
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr)
 #pragma unroll
       for (int s = 0; s < 4; ++s) specials |= Fp8Specials<V>(raw[rr][s]);
-    any_special = __any_sync(0xFFFFFFFFu, AnySpecial(specials));
-  }
-  if (any_special) {
-    convert(std::true_type{});
+    WithRarePathIfAny(AnySpecial(specials), convert);
   } else {
     convert(std::false_type{});
   }

@@ -99,6 +99,8 @@ __device__ __forceinline__ void GatherPreconvertUnit(const PreconvertParams& q, 
       codes, sf, valid);
 }
 
+// Four CTAs per SM: 64 registers, no spills (left to itself ptxas gives the NaN/Inf rare path
+// below 80, a quarter of the pass's occupancy).
 template <int V>
 __global__ void __launch_bounds__(kPreconvertThreads, 4) PreconvertKernel(const PreconvertParams q) {
   // Lets the next kernel (the other pass, or the GEMM, whose producer waits for this grid before it

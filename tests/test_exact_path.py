@@ -5,17 +5,11 @@ operands or not) against the float64 oracle."""
 
 import jax
 import ml_dtypes
+import npref
 import numpy as np
 import pytest
 
 import jax_gemm_amax as jga
-
-# sm_90a converts each code x scale to BF16 on its own: NaN/Inf codes and scales beyond BF16's
-# reach are not yet carried there (the issue on sm_90a's non-finite codes and extreme scales).
-pytestmark = pytest.mark.xfail(
-    jax.default_backend() == "gpu", reason="sm_90a: codes and scales are converted to BF16 per element", strict=False
-)
-import npref
 
 E8M0 = ml_dtypes.float8_e8m0fnu
 ON_GPU = jax.default_backend() == "gpu"

@@ -149,6 +149,17 @@ JGA_HOST_DEVICE float Pow2(int e) {
   return e >= -126 ? BitsToFloat(static_cast<uint32_t>(e + 127) << 23) : BitsToFloat(0x00400000u);
 }
 
+// One K block's term of C as the rule above applies it: `dot`, the fp32 sum of the block's
+// products of decoded values, times the two scales. e8m0: 2^floor(E/2), then 2^(E - floor(E/2)),
+// each an fp32 number (E = ea + eb); 0xFF is NaN. e4m3 scales: one multiply by their product.
+JGA_HOST_DEVICE float ScaleBlockDot(float dot, ScaleType t, uint8_t sa, uint8_t sb) {
+  if (t != ScaleType::kE8M0) return dot * (DecodeE4M3(sa) * DecodeE4M3(sb));
+  if (sa == 0xFF || sb == 0xFF) return NAN;
+  const int e = static_cast<int>(sa) + static_cast<int>(sb) - 254;
+  const int lo = e >= 0 ? e / 2 : -((1 - e) / 2);  // floor(e / 2)
+  return dot * Pow2(lo) * Pow2(e - lo);
+}
+
 // The 16-bit A values of weight-only problems, exactly.
 JGA_HOST_DEVICE float DecodeBF16(uint16_t bits) { return BitsToFloat(static_cast<uint32_t>(bits) << 16); }
 

@@ -97,8 +97,9 @@ std::atomic<unsigned int*> g_reset_word[kMaxDevices];
 
 // A PreconvertKernel pass over one operand (A: rows permuted into the consumers' fragment order).
 PreconvertParams PreconvertPass(const GemmAmaxProblem& p, const void* codes, const void* sf, long long sf_batch_stride,
-                                long long rows, bool is_a, void* out) {
+                                long long rows, bool is_a, void* out, unsigned int* bound) {
   PreconvertParams q;
+  q.bound = bound;
   q.codes = static_cast<const uint8_t*>(codes);
   q.sf = static_cast<const uint8_t*>(sf);
   q.out = static_cast<uint8_t*>(out);
@@ -195,18 +196,25 @@ cudaError_t LaunchWithOptions(const GemmAmaxProblem& p, const GemmAmaxBuffers& b
   ctx.grid = std::min(k.units_total, sms / cluster) * cluster;
   ctx.mi = mi;
   ctx.pre = kernel_pre;
-  if (pre & kPreB) ctx.pre_b = PreconvertPass(p, buf.b, buf.sfb, k.sfb_batch_stride, p.n, false, b_conv);
-  if (pre & kPreA) ctx.pre_a = PreconvertPass(p, buf.a, buf.sfa, k.sfa_batch_stride, p.m, true, a_conv);
+  k.a = static_cast<const uint8_t*>(buf.a);
+  k.b = static_cast<const uint8_t*>(buf.b);
+  k.row_bytes = static_cast<long long>(kbytes);
   ctx.device = dev;
   ctx.stream = stream;
 
-  // amax and the split-K counters: zeroed by the kernel itself (ResetRound), on this device's word.
-  if (!opt.skip_amax || plan.splits > 1) {
-    k.reset_word = opt.reset_word != nullptr ? opt.reset_word
-                   : dev < kMaxDevices       ? g_reset_word[dev].load(std::memory_order_acquire)
-                                             : nullptr;
-    if (k.reset_word == nullptr) return cudaErrorNotReady;  // Prepare() did not run on this device
+  // amax and the split-K counters: zeroed by the kernel itself (ResetRound), on this device's word;
+  // the words after it take the pre-conversion passes' scale bounds.
+  unsigned int* const words = opt.reset_word != nullptr ? opt.reset_word
+                              : dev < kMaxDevices       ? g_reset_word[dev].load(std::memory_order_acquire)
+                                                        : nullptr;
+  if (words == nullptr) return cudaErrorNotReady;  // Prepare() did not run on this device
+  if (!opt.skip_amax || plan.splits > 1) k.reset_word = words;
+  if (pre != 0) {
+    ctx.pre_bounds = words + 1;
+    k.pre_bounds = ctx.pre_bounds;
   }
+  if (pre & kPreB) ctx.pre_b = PreconvertPass(p, buf.b, buf.sfb, k.sfb_batch_stride, p.n, false, b_conv, words + 1);
+  if (pre & kPreA) ctx.pre_a = PreconvertPass(p, buf.a, buf.sfa, k.sfa_batch_stride, p.m, true, a_conv, words + 2);
 
   switch (VariantOf(p)) {
     case kV_E4M3: return LaunchVariant0(ctx);
@@ -273,8 +281,8 @@ cudaError_t PlanFor(const GemmAmaxProblem& p, size_t workspace_bytes, PlanInfo* 
 
 cudaError_t AllocResetWord(unsigned int** word) {
   void* ptr = nullptr;
-  cudaError_t err = cudaMalloc(&ptr, sizeof(unsigned int));
-  if (err == cudaSuccess) err = cudaMemset(ptr, 0, sizeof(unsigned int));
+  cudaError_t err = cudaMalloc(&ptr, kResetWords * sizeof(unsigned int));
+  if (err == cudaSuccess) err = cudaMemset(ptr, 0, kResetWords * sizeof(unsigned int));
   if (err == cudaSuccess) err = cudaDeviceSynchronize();
   if (err != cudaSuccess) {
     cudaFree(ptr);

@@ -32,7 +32,8 @@ size_t WorkspaceBytes(const GemmAmaxProblem& p, bool offer_copies = true);
 // word in device memory (sm90_split_k.cuh ResetRound): zeroed when allocated, left at zero by every
 // complete round. Launches that may run at the same time must not share a word: one per device
 // per call site (the FFI handler keeps them in its instantiate-stage state); Prepare() makes a
-// per-device one for callers that pass none. AllocResetWord allocates one on the current device;
+// per-device one for callers that pass none. AllocResetWord allocates one on the current device,
+// with kResetWords words (the pre-conversion passes' scale bounds follow the round word);
 // it synchronizes the device, so call it outside stream capture. Free it with cudaFree.
 cudaError_t AllocResetWord(unsigned int** word);
 

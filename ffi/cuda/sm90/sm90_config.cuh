@@ -28,6 +28,15 @@ struct VariantTraits {
   static constexpr int kOD = kO - kD;                         // multiplier exponent field = s + kOD
   static constexpr int kT = 254 - kOD;                        // largest e8m0 byte handled by one multiply
   static constexpr float kAccScale = kFp4 ? 65536.0f : 1.0f;  // 2^(2D)
+  // Where the BF16 path is exact for e8m0 scales (bytes s; 0xFF, NaN, is carried anyway). Per
+  // element, code x scale must be a BF16 number: kSafeLo <= s <= kSafeHi for blocks holding a
+  // nonzero code. Per product, the MMA's terms must stay fp32 normals: the smallest code products
+  // (e4m3 2^-9 x 2^-9, e5m2 2^-16 x 2^-16, e2m1 2^-1 x 2^-1 with the FP4 offset 2^-2D) times the
+  // two scales >= 2^-126, i.e. sa + sb >= kSafeSum. A tile that breaks either is computed again
+  // on the CUDA cores (ExactAccumulators). e4m3 scales (NVFP4) are always exact here.
+  static constexpr int kSafeLo = (V == kV_E5M2) ? 10 : 3;
+  static constexpr int kSafeSum = (V == kV_E5M2) ? 160 : 146;
+  static constexpr int kSafeHi = (V == kV_E4M3) ? 246 : (V == kV_E5M2) ? 239 : 254;
 };
 
 struct KParams {
@@ -66,7 +75,16 @@ struct KParams {
   // then every CTA arrives on one round of this word, and the consumers wait for the round to
   // complete before their first atomic (ResetRound). nullptr: nothing to zero (no amax, unsplit).
   unsigned int* reset_word;
+  // For the exact path (ExactAccumulators): the operands' codes (l, rows, row_bytes), and the
+  // pre-conversion passes' ScaleBound of B' ([0]) and A' ([1]) over the whole operand (nullptr:
+  // no pass; 0xFFFFFFFF: no bound).
+  const uint8_t* a;
+  const uint8_t* b;
+  long long row_bytes;
+  const unsigned int* pre_bounds;
 };
+// Words of a reset word's allocation (AllocResetWord): the round word, the passes' two bounds.
+constexpr int kResetWords = 3;
 
 // Warpgroups of a CTA: the producer, kConverterWGs B converters, two consumers. Tile height 128
 // (MI = 1) has two converters, which take the 64-K units of a slab in turn: B is converted once per
@@ -163,8 +181,10 @@ struct Smem {
   static constexpr int kOffBar = kOffSfB + kRawStages * kSfB;
   static constexpr int kNumBars =
       2 * (kRawStages + kBStages + kAStages) + 3;  // + the ping-pong order pair, the reset round
-  static constexpr int kOffStage =
-      (kOffBar + kNumBars * 8 + 127) / 128 * 128;  // epilogue staging, 1 KB per consumer warp
+  // Per B stage, each converter warp's verdict on its rows' scales (1: outside the safe range).
+  static constexpr int kOffFlagsB = (kOffBar + kNumBars * 8 + 15) / 16 * 16;
+  static constexpr int kOffStage = (kOffFlagsB + (kPreconvertedB ? 0 : 16 * kBStages) + 127) / 128 *
+                                   128;  // epilogue staging, 1 KB per consumer warp
   static constexpr int kBytes = kOffStage + 8 * kStageBytesPerWarp;
   static constexpr int kDynBytes = kBytes + 1024;  // slack for 1024-byte alignment
   static constexpr uint32_t kTxBytes = kRawA + kRawB + kSfA + kSfB;

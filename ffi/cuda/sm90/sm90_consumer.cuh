@@ -10,6 +10,7 @@
 #include "cuda/sm90/sm90_config.cuh"
 #include "cuda/sm90/sm90_convert.cuh"
 #include "cuda/sm90/sm90_epilogue.cuh"
+#include "cuda/sm90/sm90_exact.cuh"
 #include "cuda/sm90/sm90_ptx.cuh"
 #include "cuda/sm90/sm90_scheduler.cuh"
 #include "cuda/sm90/sm90_split_k.cuh"
@@ -104,6 +105,15 @@ __device__ __forceinline__ void Consume(const Cta<Smem<V, MI, kPre>>& cta) {
     for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
       for (int i = 0; i < 64; ++i) acc[mi][i] = 0.0f;
+    // This tile's scale bounds (ScaleBound): of this thread's A rows, of the B tile (the converter
+    // warps' words, published with each unit).
+    uint32_t a_bound = kNoBound, b_bound = kNoBound;
+    auto read_b_bound = [&] {
+      if constexpr (!S::kPreconvertedB && !Tr::kScaleE4M3) {
+        const uint4 w = Lds128(smem + S::kOffFlagsB + 16 * b_ring.stage);
+        b_bound = min(b_bound, min(min(w.x, w.y), min(w.z, w.w)));
+      }
+    };
 
     for (int slab = wu.slab_lo; slab < wu.slab_hi; ++slab) {
       if constexpr (S::kPreconvertedA) {
@@ -114,6 +124,7 @@ __device__ __forceinline__ void Consume(const Cta<Smem<V, MI, kPre>>& cta) {
         for (int ui = 0; ui < kUPS; ++ui) {
           MbarWait(bar.full_a + 8 * a_ring.stage, a_ring.phase);
           MbarWait(bar.full_b + 8 * b_ring.stage, b_ring.phase);
+          read_b_bound();
           const uint64_t desc_b = SmemDesc128B(smem + S::kOffBufB + b_ring.stage * S::kBufB);
           const uint32_t buf_a = smem + S::kOffBufA + a_ring.stage * S::kBufA + (kPP ? 0 : wg * (64 * MI) * 128);
 #pragma unroll
@@ -205,11 +216,14 @@ __device__ __forceinline__ void Consume(const Cta<Smem<V, MI, kPre>>& cta) {
             for (int rr = 0; rr < 2; ++rr)
 #pragma unroll
               for (int w = 0; w < RW; ++w) asm volatile("" : "+r"(rawv[mi][rr][w]));
-            ConvertAFragment<V>(rawv[mi], [&](int rr) { return scale_byte(mi, rr); }, gvalid, f);
+            ConvertAFragment<V>(rawv[mi], [&](int rr) { return scale_byte(mi, rr); }, gvalid, a_bound, f);
             // The slab's last step has consumed every value loaded from the raw stage: hand it back
             // (after the conversion, so that the fence finds no load of this thread in flight).
             if (ui == kUPS - 1 && mi == MI - 1) ReleaseRawStage(bar.empty_raw + 8 * r_ring.stage, lane);
-            if (mi == 0) MbarWait(bar.full_b + 8 * b_ring.stage, b_ring.phase);
+            if (mi == 0) {
+              MbarWait(bar.full_b + 8 * b_ring.stage, b_ring.phase);
+              read_b_bound();
+            }
             FenceOperand(acc[mi]);
             WgmmaFence();
 #pragma unroll
@@ -249,6 +263,28 @@ __device__ __forceinline__ void Consume(const Cta<Smem<V, MI, kPre>>& cta) {
       inflight_a_stage = -1;
     }
 
+    // From here on the accumulators hold C itself (FP4: without the operands' offset 2^-2D).
+    if constexpr (Tr::kFp4) {
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int i = 0; i < 64; ++i) acc[mi][i] *= Tr::kAccScale;
+    }
+    // The warp's first row of C and the tile's first column (computed where used: live through
+    // the split-K hand-over, they cost the split kernels spills).
+    auto row_w = [&] { return tc.mt * kBM + (kPP ? 0 : wg * 64 * MI) + warp * 16; };
+    auto col_t = [&] { return (tc.nt * S::kClusterCTAs + cta.rank) * kBN; };
+    if constexpr (!Tr::kScaleE4M3) {
+      // Scales the BF16 path does not carry exactly (VariantTraits::kSafe*): this warp's
+      // accumulators again, on the CUDA cores, over the unit's K range.
+      const uint32_t ab = S::kPreconvertedA ? PreBound(p, 1) : __reduce_min_sync(0xFFFFFFFFu, a_bound);
+      const uint32_t bb = S::kPreconvertedB ? PreBound(p, 0) : b_bound;
+      if (ab == 0u || bb == 0u || ab + bb < static_cast<uint32_t>(Tr::kSafeSum)) {
+        ExactAccumulators<MI, V>(acc, p, tc.l, row_w(), col_t(), lane, wu.slab_lo * Tr::kGroupsPerSlab,
+                                 min(wu.slab_hi * Tr::kGroupsPerSlab, p.k_groups));
+      }
+    }
+
     MbarWait(bar.reset, 0);  // amax and the split-K counters are zero (ResetRound): before any atomic on them
     if constexpr (kSplitK) {
       const int ctid = threadIdx.x - 32 * R::kFirstConsumerWarp;
@@ -262,11 +298,9 @@ __device__ __forceinline__ void Consume(const Cta<Smem<V, MI, kPre>>& cta) {
       }
     }
 
-    const int row_w = tc.mt * kBM + (kPP ? 0 : wg * 64 * MI) + warp * 16;
-    const int col_t = (tc.nt * S::kClusterCTAs + cta.rank) * kBN;
-    const bool full = (tc.mt * kBM + kBM <= p.m) && (col_t + kBN <= p.n);
+    const bool full = (tc.mt * kBM + kBM <= p.m) && (col_t() + kBN <= p.n);
     const uint32_t stage = smem + S::kOffStage + (cta.warp_idx - R::kFirstConsumerWarp) * kStageBytesPerWarp;
-    EpilogueAnyType<MI, V>(acc, p, tc.l, row_w, col_t, full, stage, lane, amax_run);
+    EpilogueAnyType<MI, V>(acc, p, tc.l, row_w(), col_t(), full, stage, lane, amax_run);
     if constexpr (kPP) skip_units(units_per_tile);  // the other warpgroup's next tile
   }
   if (cur_l >= 0 && do_amax) FlushAmax(amax_run, p.amax, cur_l);

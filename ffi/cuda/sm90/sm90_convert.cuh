@@ -157,6 +157,28 @@ __device__ __forceinline__ void GatherRowUnit(int ui, int slab, int k_groups, Lo
   }
 }
 
+// What a block needs of the other operand's scales on the BF16 path (VariantTraits::kSafe*): its
+// byte s when kSafeLo <= s <= kSafeHi (the tile is exact while the two bytes sum to kSafeSum or
+// more); 0 (exact on the CUDA cores, whatever the other) outside that window with a nonzero code;
+// kNoBound for a block of zeros, a NaN scale or a group past K. Bounds combine by min.
+constexpr uint32_t kNoBound = 255u;
+template <int V>
+__device__ __forceinline__ uint32_t ScaleBound(uint32_t s, bool valid, bool nonzero) {
+  using Tr = VariantTraits<V>;
+  if (!valid || s == 255u) return kNoBound;
+  if (s < static_cast<uint32_t>(Tr::kSafeLo) || s > static_cast<uint32_t>(Tr::kSafeHi)) return nonzero ? 0u : kNoBound;
+  return s;
+}
+// Whether any code of the words is nonzero (FP8 and E2M1 have a zero of each sign).
+template <int V, int N>
+__device__ __forceinline__ bool AnyNonzeroCode(const uint32_t* w) {
+  constexpr uint32_t kMag = VariantTraits<V>::kFp4 ? 0x77777777u : 0x7F7F7F7Fu;
+  uint32_t any = 0u;
+#pragma unroll
+  for (int i = 0; i < N; ++i) any |= w[i];
+  return (any & kMag) != 0u;
+}
+
 // Runs convert(std::true_type) when `rare` holds for any lane of the warp (an e8m0 scale above kT,
 // NaN included, that needs a second multiply; an FP8 NaN/Inf code among the consumers' A codes),
 // else convert(std::false_type): the rare path is a copy of the loop, one uniform branch around it
@@ -168,6 +190,35 @@ __device__ __forceinline__ void WithRarePathIfAny(bool rare, Convert&& convert) 
   } else {
     convert(std::false_type{});
   }
+}
+
+// The ScaleBound of one row's 64-K unit (GatherRowUnit's codes, sf, valid): in the common case
+// (every byte of the warp between kSafeLo and kT) the smaller byte, else per group ScaleBound,
+// which looks at the codes only there. Taken before ConvertRowUnit and published at once, it
+// keeps no register live through the conversion (the converter warps have 56).
+template <int V>
+__device__ __forceinline__ uint32_t RowUnitBound(const uint32_t (&codes)[16], const uint32_t (&sf)[4],
+                                                 const bool (&valid)[4]) {
+  using Tr = VariantTraits<V>;
+  constexpr int G = kRowUnitGroups<V>;
+  bool rare = false;
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    rare |= valid[g] && (sf[g] < static_cast<uint32_t>(Tr::kSafeLo) || sf[g] > static_cast<uint32_t>(Tr::kT));
+  }
+  uint32_t bound = kNoBound;
+  if (__any_sync(0xFFFFFFFFu, rare)) {
+#pragma unroll
+    for (int g = 0; g < G; ++g) {  // group g: fp8 words 8g..8g+7 (pieces 2g, 2g+1); fp4 words 2g, 2g+1
+      const bool nonzero =
+          Tr::kFp4 ? AnyNonzeroCode<V, 2>(&codes[2 * g]) : AnyNonzeroCode<V, 8>(&codes[Tr::kFp4 ? 0 : 8 * g]);
+      bound = min(bound, ScaleBound<V>(sf[g], valid[g], nonzero));
+    }
+  } else {
+#pragma unroll
+    for (int g = 0; g < G; ++g) bound = min(bound, valid[g] ? sf[g] : kNoBound);
+  }
+  return bound;
 }
 
 // Conversion of one operand row's 64-K unit ui of a slab (value x scale -> BF16, exact), shared by
@@ -293,7 +344,7 @@ constexpr int kAWords = VariantTraits<V>::kFp4 ? 2 : 4;
 // by whole warps (a vote picks the rare two-multiply path).
 template <int V, class ScaleByte>
 __device__ __forceinline__ void ConvertAFragment(const uint32_t (&raw)[2][kAWords<V>], ScaleByte&& scale_byte,
-                                                 bool valid, uint32_t (&f)[4][4]) {
+                                                 bool valid, uint32_t& bound, uint32_t (&f)[4][4]) {
   using Tr = VariantTraits<V>;
   uint32_t m1v[2], m2v[2];
   bool any_big;
@@ -305,17 +356,24 @@ __device__ __forceinline__ void ConvertAFragment(const uint32_t (&raw)[2][kAWord
     }
     any_big = false;
   } else {
-    // e8m0: one multiply unless a byte of this warp is above kT (rare: scale > 2^(127-O)).
-    const uint32_t s0 = scale_byte(0), s1 = scale_byte(1);
-    any_big = __any_sync(0xFFFFFFFFu, valid && max(s0, s1) > static_cast<uint32_t>(Tr::kT));
-    if (!any_big) {
+    // e8m0: one multiply unless a byte of this warp is above kT (rare: scale > 2^(127-O)); the
+    // rows' bound (ScaleBound) is the smaller byte unless one is outside [kSafeLo, kT].
+    const uint32_t s0 = scale_byte(0), s1 = scale_byte(1), s_lo = min(s0, s1);
+    const bool rare =
+        valid && (max(s0, s1) > static_cast<uint32_t>(Tr::kT) || s_lo < static_cast<uint32_t>(Tr::kSafeLo));
+    if (!__any_sync(0xFFFFFFFFu, rare)) {
       m1v[0] = valid ? (s0 + Tr::kOD) * 0x00800080u : 0u;
       m1v[1] = valid ? (s1 + Tr::kOD) * 0x00800080u : 0u;
       m2v[0] = m2v[1] = 0x3F803F80u;
+      any_big = false;
+      bound = min(bound, valid ? s_lo : kNoBound);
     } else {
-      bool big;
-      ScaleToMul<V>(s0, valid, m1v[0], m2v[0], big);
-      ScaleToMul<V>(s1, valid, m1v[1], m2v[1], big);
+      bool big0, big1;
+      ScaleToMul<V>(s0, valid, m1v[0], m2v[0], big0);
+      ScaleToMul<V>(s1, valid, m1v[1], m2v[1], big1);
+      any_big = __any_sync(0xFFFFFFFFu, big0 || big1);
+      bound = min(bound, min(ScaleBound<V>(s0, valid, AnyNonzeroCode<V, kAWords<V>>(raw[0])),
+                             ScaleBound<V>(s1, valid, AnyNonzeroCode<V, kAWords<V>>(raw[1]))));
     }
   }
   auto convert = [&](auto special) {

@@ -29,7 +29,8 @@ __device__ __forceinline__ void ConvertB(const Cta<Smem<V, MI, kPre>>& cta) {
   Ring<S::kRawStages> r_ring;
   Ring<S::kBStages> b_ring;
   const int r7 = n_local & 7;
-  for (int u = cta.cluster_id; u < p.units_total; u += cta.num_clusters) {
+  // The step read from gridDim each time (a uniform register), not held in one of the 56.
+  for (int u = cta.cluster_id; u < p.units_total; u += static_cast<int>(gridDim.x) / S::kClusterCTAs) {
     const WorkUnit wu = DecodeUnit<kSplitK>(p, u);
     for (int slab = wu.slab_lo; slab < wu.slab_hi; ++slab) {
       // The B slab, one 64-K unit (one BF16 buffer) at a time.
@@ -57,6 +58,10 @@ __device__ __forceinline__ void ConvertB(const Cta<Smem<V, MI, kPre>>& cta) {
               }
             },
             [&](int gis) { return Lds8(sfb + (gis >> 2) * 512 + (gis & 3)); }, codes, sf, valid);
+        if constexpr (!Tr::kScaleE4M3) {  // the warp's scale bound for the consumers, published with the unit
+          const uint32_t bound = __reduce_min_sync(0xFFFFFFFFu, RowUnitBound<V>(codes, sf, valid));
+          Sts32(smem + S::kOffFlagsB + 16 * b_ring.stage + 4 * (cta.warp_idx & 3), bound);  // every lane: one value
+        }
         if (ConvertRowUnit<V>(codes, sf, valid, [&](int chunk, uint32_t x, uint32_t y, uint32_t z, uint32_t w) {
               Sts128(dst + ((chunk ^ r7) << 4), x, y, z, w);
             })) {

@@ -34,7 +34,7 @@ __device__ __forceinline__ void Epilogue(float (&acc)[MI][64], const KParams& p,
                                          uint32_t stage, int lane, float& amax_run) {
   const int gr = FragRow(lane >> 2), t = lane & 3;  // this thread's rows: gr, gr + 8 of each 16
   const size_t batch_off = static_cast<size_t>(l) * p.m;
-  auto value = [&](int mi, int i) { return acc[mi][i] * VariantTraits<V>::kAccScale; };
+  auto value = [&](int mi, int i) { return acc[mi][i]; };
   if (full && p.c_aligned16) {
     constexpr int PB = kPairBytes<CT>;      // bytes of one thread's pair; 4 * PB per row per j
     constexpr int RB = PB == 1 ? 64 : 128;  // staged bytes per row and round (a tile row of e2m1 is 64)

@@ -24,6 +24,7 @@ struct LaunchCtx {
   // converted by PreconvertKernel (pre_a, pre_b) first, then the kPre GEMM runs.
   int pre = 0;
   PreconvertParams pre_a, pre_b;
+  unsigned int* pre_bounds = nullptr;  // the passes' two scale bounds (KParams::pre_bounds), reset per launch
 };
 
 // Per device and kernel: how many clusters fit on the GPU at once (a persistent grid
@@ -150,8 +151,9 @@ cudaError_t LaunchVariantMI(const LaunchCtx& ctx) {
       // last pass's completion, which the GEMM's producer waits for, covers every kernel before it.
       const bool split = ctx.params.splits > 1;
       if (split && ctx.pre != kPreA) return cudaErrorInvalidConfiguration;  // split plans: A only (PlanOf)
-      cudaError_t err = cudaSuccess;
-      if (ctx.pre & kPreB) err = LaunchPreconvert<V>(ctx.pre_b, ctx.stream, false);
+      // The passes' bounds start at "no bound" (a min over the blocks they see).
+      cudaError_t err = cudaMemsetAsync(ctx.pre_bounds, 0xFF, 2 * sizeof(unsigned int), ctx.stream);
+      if (err == cudaSuccess && (ctx.pre & kPreB)) err = LaunchPreconvert<V>(ctx.pre_b, ctx.stream, false);
       if (err == cudaSuccess && (ctx.pre & kPreA))
         err = LaunchPreconvert<V>(ctx.pre_a, ctx.stream, (ctx.pre & kPreB) != 0);
       if (err != cudaSuccess) return err;

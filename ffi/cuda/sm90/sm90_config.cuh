@@ -37,6 +37,10 @@ struct VariantTraits {
   static constexpr int kSafeLo = (V == kV_E5M2) ? 10 : 3;
   static constexpr int kSafeSum = (V == kV_E5M2) ? 160 : 146;
   static constexpr int kSafeHi = (V == kV_E4M3) ? 246 : (V == kV_E5M2) ? 239 : 254;
+  // The conversions' common path takes bytes in [kSafeHalf, kT] only: two such bytes sum to
+  // kSafeSum or more, so it needs no per-block bound; a warp holding any other byte takes the rare
+  // path, which works out the exact bound (ScaleBound).
+  static constexpr int kSafeHalf = (kSafeSum + 1) / 2;
 };
 
 struct KParams {

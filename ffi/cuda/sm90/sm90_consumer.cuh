@@ -105,9 +105,9 @@ __device__ __forceinline__ void Consume(const Cta<Smem<V, MI, kPre>>& cta) {
     for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
       for (int i = 0; i < 64; ++i) acc[mi][i] = 0.0f;
-    // This tile's scale bounds (ScaleBound): of this thread's A rows, of the B tile (the converter
-    // warps' words, published with each unit).
-    uint32_t a_bound = kNoBound, b_bound = kNoBound;
+    // Lower bounds of this tile's ScaleBound: of this thread's A rows (kSafeHalf unless a rare
+    // fragment lowers it), of the B tile (the converter warps' words, published with each unit).
+    uint32_t a_bound = Tr::kSafeHalf, b_bound = kNoBound;
     auto read_b_bound = [&] {
       if constexpr (!S::kPreconvertedB && !Tr::kScaleE4M3) {
         const uint4 w = Lds128(smem + S::kOffFlagsB + 16 * b_ring.stage);
@@ -277,8 +277,8 @@ __device__ __forceinline__ void Consume(const Cta<Smem<V, MI, kPre>>& cta) {
     if constexpr (!Tr::kScaleE4M3) {
       // Scales the BF16 path does not carry exactly (VariantTraits::kSafe*): this warp's
       // accumulators again, on the CUDA cores, over the unit's K range.
-      const uint32_t ab = S::kPreconvertedA ? PreBound(p, 1) : __reduce_min_sync(0xFFFFFFFFu, a_bound);
-      const uint32_t bb = S::kPreconvertedB ? PreBound(p, 0) : b_bound;
+      const uint32_t ab = S::kPreconvertedA ? PreBound<V>(p, 1) : __reduce_min_sync(0xFFFFFFFFu, a_bound);
+      const uint32_t bb = S::kPreconvertedB ? PreBound<V>(p, 0) : b_bound;
       if (ab == 0u || bb == 0u || ab + bb < static_cast<uint32_t>(Tr::kSafeSum)) {
         ExactAccumulators<MI, V>(acc, p, tc.l, row_w(), col_t(), lane, wu.slab_lo * Tr::kGroupsPerSlab,
                                  min(wu.slab_hi * Tr::kGroupsPerSlab, p.k_groups));

@@ -179,8 +179,8 @@ __device__ __forceinline__ bool AnyNonzeroCode(const uint32_t* w) {
   return (any & kMag) != 0u;
 }
 
-// Runs convert(std::true_type) when `rare` holds for any lane of the warp (an e8m0 scale above kT,
-// NaN included, that needs a second multiply; an FP8 NaN/Inf code among the consumers' A codes),
+// Runs convert(std::true_type) when `rare` holds for any lane of the warp (an e8m0 byte outside
+// [kSafeHalf, kT], see RareScale; an FP8 NaN/Inf code among the consumers' A codes),
 // else convert(std::false_type): the rare path is a copy of the loop, one uniform branch around it
 // (inside the loop ptxas would issue its work predicated for every value).
 template <class Convert>
@@ -192,31 +192,25 @@ __device__ __forceinline__ void WithRarePathIfAny(bool rare, Convert&& convert) 
   }
 }
 
-// The ScaleBound of one row's 64-K unit (GatherRowUnit's codes, sf, valid): in the common case
-// (every byte of the warp between kSafeLo and kT) the smaller byte, else per group ScaleBound,
-// which looks at the codes only there. Taken before ConvertRowUnit and published at once, it
-// keeps no register live through the conversion (the converter warps have 56).
+// Whether an e8m0 byte of a valid group sends its warp to the rare path of the conversions: outside
+// [kSafeHalf, kT] (a second multiply above kT, NaN included; a bound to work out below kSafeHalf).
+template <int V>
+__device__ __forceinline__ bool RareScale(uint32_t s, bool valid) {
+  using Tr = VariantTraits<V>;
+  return valid && (s - static_cast<uint32_t>(Tr::kSafeHalf) > static_cast<uint32_t>(Tr::kT - Tr::kSafeHalf));
+}
+
+// The ScaleBound of one row's 64-K unit (GatherRowUnit's codes, sf, valid), for the rare path.
 template <int V>
 __device__ __forceinline__ uint32_t RowUnitBound(const uint32_t (&codes)[16], const uint32_t (&sf)[4],
                                                  const bool (&valid)[4]) {
   using Tr = VariantTraits<V>;
-  constexpr int G = kRowUnitGroups<V>;
-  bool rare = false;
-#pragma unroll
-  for (int g = 0; g < G; ++g) {
-    rare |= valid[g] && (sf[g] < static_cast<uint32_t>(Tr::kSafeLo) || sf[g] > static_cast<uint32_t>(Tr::kT));
-  }
   uint32_t bound = kNoBound;
-  if (__any_sync(0xFFFFFFFFu, rare)) {
 #pragma unroll
-    for (int g = 0; g < G; ++g) {  // group g: fp8 words 8g..8g+7 (pieces 2g, 2g+1); fp4 words 2g, 2g+1
-      const bool nonzero =
-          Tr::kFp4 ? AnyNonzeroCode<V, 2>(&codes[2 * g]) : AnyNonzeroCode<V, 8>(&codes[Tr::kFp4 ? 0 : 8 * g]);
-      bound = min(bound, ScaleBound<V>(sf[g], valid[g], nonzero));
-    }
-  } else {
-#pragma unroll
-    for (int g = 0; g < G; ++g) bound = min(bound, valid[g] ? sf[g] : kNoBound);
+  for (int g = 0; g < kRowUnitGroups<V>; ++g) {  // group g: fp8 words 8g..8g+7; fp4 words 2g, 2g+1
+    const bool nonzero =
+        Tr::kFp4 ? AnyNonzeroCode<V, 2>(&codes[2 * g]) : AnyNonzeroCode<V, 8>(&codes[Tr::kFp4 ? 0 : 8 * g]);
+    bound = min(bound, ScaleBound<V>(sf[g], valid[g], nonzero));
   }
   return bound;
 }
@@ -229,25 +223,35 @@ __device__ __forceinline__ uint32_t RowUnitBound(const uint32_t (&codes)[16], co
 // BF16 chunks in the consumers' K order, handed to store(chunk, x, y, z, w). The converter puts
 // chunk c of row r at c ^ (r & 7) of the row (128B swizzle); PreconvertKernel writes it at c, and
 // a 128B-swizzled TMA load of 128-byte rows puts it where the converter would.
-// Must be called by whole warps (a vote picks the rare two-multiply path). Returns whether a lane
+// e8m0 scales: bound(b) receives, before the conversion, a lower bound b of the unit's ScaleBound,
+// warp-uniform: kSafeHalf on the common path, the warp's RowUnitBound on the rare one.
+// Must be called by whole warps (a vote picks the rare path, RareScale). Returns whether a lane
 // of the warp holds an FP8 NaN/Inf code (converted as a finite value): the caller then converts
 // the unit again with ConvertRowUnitSpecial before it publishes the chunks. Flagging while
 // converting, not voting first, lets each code die with its conversion.
-template <int V, class Store>
+template <int V, class Store, class Bound>
 __device__ __forceinline__ bool ConvertRowUnit(const uint32_t (&codes)[16], const uint32_t (&sf)[4],
-                                               const bool (&valid)[4], Store&& store) {
+                                               const bool (&valid)[4], Store&& store, Bound&& bound) {
   using Tr = VariantTraits<V>;
+  // The bound of the path taken, published first: it then holds no register through the conversion.
+  auto publish_bound = [&](auto rare_path) {
+    if constexpr (!Tr::kScaleE4M3) {
+      bound(decltype(rare_path)::value ? __reduce_min_sync(0xFFFFFFFFu, RowUnitBound<V>(codes, sf, valid))
+                                       : static_cast<uint32_t>(Tr::kSafeHalf));
+    }
+  };
   if constexpr (!Tr::kFp4) {
     uint32_t m1[2], m2[2];
-    bool any_big = false;
+    bool rare = false;
 #pragma unroll
     for (int gi = 0; gi < 2; ++gi) {
       bool big;
       ScaleToMul<V>(sf[gi], valid[gi], m1[gi], m2[gi], big);
-      any_big |= big;
+      rare |= RareScale<V>(sf[gi], valid[gi]);
     }
     uint32_t specials = 0u;
-    WithRarePathIfAny(any_big, [&](auto two_multiplies) {
+    WithRarePathIfAny(rare, [&](auto two_multiplies) {
+      publish_bound(two_multiplies);
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
         uint32_t lo[4], hi[4];
@@ -273,15 +277,16 @@ __device__ __forceinline__ bool ConvertRowUnit(const uint32_t (&codes)[16], cons
     return __any_sync(0xFFFFFFFFu, AnySpecial(specials));
   } else {
     uint32_t m1[4];
-    bool any_big = false;
+    bool rare = false;
 #pragma unroll
     for (int t = 0; t < 4; ++t) {
       uint32_t m2d;
       bool big;
       ScaleToMul<V>(sf[t], valid[t], m1[t], m2d, big);
-      any_big |= big;
+      if constexpr (!Tr::kScaleE4M3) rare |= RareScale<V>(sf[t], valid[t]);
     }
-    WithRarePathIfAny(any_big, [&](auto two_multiplies) {
+    WithRarePathIfAny(rare, [&](auto two_multiplies) {
+      publish_bound(two_multiplies);
 #pragma unroll
       for (int ww = 0; ww < 2; ++ww) {
         uint32_t pr[4][4];  // [pair][t]
@@ -340,8 +345,9 @@ constexpr int kAWords = VariantTraits<V>::kFp4 ? 2 : 4;
 // rr = 0, 1 of a 64-row WGMMA slice (raw[rr], loaded as GatherRowUnit's pieces t of the thread's
 // lane % 4) with their scale bytes scale_byte(rr) (valid: the group lies below K) -> the BF16 A
 // fragment f[k-step][register] of the RS WGMMA (registers rr and rr + 2 of each k-step: the row's
-// two halves of the k-step). The same values as ConvertRowUnit, in fragment layout. Must be called
-// by whole warps (a vote picks the rare two-multiply path).
+// two halves of the k-step). The same values as ConvertRowUnit, in fragment layout. e8m0 scales:
+// on the rare path, bound takes the min with the rows' ScaleBound. Must be called by whole warps
+// (a vote picks the rare path).
 template <int V, class ScaleByte>
 __device__ __forceinline__ void ConvertAFragment(const uint32_t (&raw)[2][kAWords<V>], ScaleByte&& scale_byte,
                                                  bool valid, uint32_t& bound, uint32_t (&f)[4][4]) {
@@ -356,17 +362,14 @@ __device__ __forceinline__ void ConvertAFragment(const uint32_t (&raw)[2][kAWord
     }
     any_big = false;
   } else {
-    // e8m0: one multiply unless a byte of this warp is above kT (rare: scale > 2^(127-O)); the
-    // rows' bound (ScaleBound) is the smaller byte unless one is outside [kSafeLo, kT].
-    const uint32_t s0 = scale_byte(0), s1 = scale_byte(1), s_lo = min(s0, s1);
-    const bool rare =
-        valid && (max(s0, s1) > static_cast<uint32_t>(Tr::kT) || s_lo < static_cast<uint32_t>(Tr::kSafeLo));
-    if (!__any_sync(0xFFFFFFFFu, rare)) {
+    // e8m0: one multiply and no bound to lower (the caller starts from kSafeHalf) unless a byte of
+    // this warp is outside [kSafeHalf, kT] (RareScale: rare).
+    const uint32_t s0 = scale_byte(0), s1 = scale_byte(1);
+    if (!__any_sync(0xFFFFFFFFu, RareScale<V>(s0, valid) || RareScale<V>(s1, valid))) {
       m1v[0] = valid ? (s0 + Tr::kOD) * 0x00800080u : 0u;
       m1v[1] = valid ? (s1 + Tr::kOD) * 0x00800080u : 0u;
       m2v[0] = m2v[1] = 0x3F803F80u;
       any_big = false;
-      bound = min(bound, valid ? s_lo : kNoBound);
     } else {
       bool big0, big1;
       ScaleToMul<V>(s0, valid, m1v[0], m2v[0], big0);

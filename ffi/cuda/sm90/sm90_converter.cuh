@@ -58,13 +58,14 @@ __device__ __forceinline__ void ConvertB(const Cta<Smem<V, MI, kPre>>& cta) {
               }
             },
             [&](int gis) { return Lds8(sfb + (gis >> 2) * 512 + (gis & 3)); }, codes, sf, valid);
-        if constexpr (!Tr::kScaleE4M3) {  // the warp's scale bound for the consumers, published with the unit
-          const uint32_t bound = __reduce_min_sync(0xFFFFFFFFu, RowUnitBound<V>(codes, sf, valid));
-          Sts32(smem + S::kOffFlagsB + 16 * b_ring.stage + 4 * (cta.warp_idx & 3), bound);  // every lane: one value
-        }
-        if (ConvertRowUnit<V>(codes, sf, valid, [&](int chunk, uint32_t x, uint32_t y, uint32_t z, uint32_t w) {
-              Sts128(dst + ((chunk ^ r7) << 4), x, y, z, w);
-            })) {
+        if (ConvertRowUnit<V>(
+                codes, sf, valid,
+                [&](int chunk, uint32_t x, uint32_t y, uint32_t z, uint32_t w) {
+                  Sts128(dst + ((chunk ^ r7) << 4), x, y, z, w);
+                },
+                [&](uint32_t bound) {  // the warp's scale bound for the consumers, published with the unit
+                  Sts32(smem + S::kOffFlagsB + 16 * b_ring.stage + 4 * (cta.warp_idx & 3), bound);  // warp-uniform
+                })) {
           if constexpr (!Tr::kFp4) {  // an FP8 NaN/Inf code in the warp: the unit again, carrying it
             ConvertRowUnitSpecial<V>(
                 [&](int i) { return Lds32(raw + ((UnitChunk<V>(ui, i >> 2) ^ r7) << 4) + 4 * (i & 3)); }, sf, valid,

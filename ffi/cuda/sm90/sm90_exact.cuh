@@ -63,13 +63,15 @@ __device__ __forceinline__ float ExactElement(const KParams& p, int l, int row, 
   return sum;
 }
 
-// A pre-conversion pass's bound (KParams::pre_bounds: 0 B', 1 A'), as ScaleBound's. The passes
-// have completed (this thread waits for the grids before the kernel, as the producer did).
+// A lower bound of a pre-converted operand's ScaleBound (KParams::pre_bounds: 0 B', 1 A', where the
+// passes' rare-path warps leave their bounds; the common path's are kSafeHalf). The passes have
+// completed (this thread waits for the grids before the kernel, as the producer did).
+template <int V>
 __device__ __forceinline__ uint32_t PreBound(const KParams& p, int which) {
   asm volatile("griddepcontrol.wait;" ::: "memory");
   uint32_t v;
   asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p.pre_bounds + which) : "memory");
-  return min(v, kNoBound);
+  return min(v, static_cast<uint32_t>(VariantTraits<V>::kSafeHalf));
 }
 
 // A consumer thread's accumulators (Epilogue's layout: acc[mi][4j + 2rr + e] is row

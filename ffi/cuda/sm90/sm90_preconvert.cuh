@@ -118,15 +118,18 @@ __global__ void __launch_bounds__(kPreconvertThreads, 4) PreconvertKernel(const 
   const int lane = threadIdx.x & 31;
   uint4* ws = stage[threadIdx.x >> 5];
   uint32_t redo = 0u;  // bit h: unit h of the warp's lanes holds an FP8 NaN/Inf code (warp-uniform)
-  uint32_t bound = kNoBound;
 #pragma unroll
   for (int h = 0; h < kU; ++h) {
     if (h > 0) __syncwarp();  // the previous units' stores have read the stage
     const auto store = [&](int chunk, uint32_t x, uint32_t y, uint32_t z, uint32_t w) {
       ws[lane * 8 + (chunk ^ (lane & 7))] = make_uint4(x, y, z, w);
     };
-    if constexpr (!VariantTraits<V>::kScaleE4M3) bound = min(bound, RowUnitBound<V>(codes[h], sf[h], valid[h]));
-    if (ConvertRowUnit<V>(codes[h], sf[h], valid[h], store)) redo |= 1u << h;
+    // The unit's scale bound, where the rare path gives one below the common path's kSafeHalf
+    // (PreBound takes the min with it): into the operand's word at once, holding no register.
+    const auto bound = [&](uint32_t b) {
+      if (lane == 0 && b < static_cast<uint32_t>(VariantTraits<V>::kSafeHalf)) atomicMin(q.bound, b);
+    };
+    if (ConvertRowUnit<V>(codes[h], sf[h], valid[h], store, bound)) redo |= 1u << h;
     __syncwarp();
     // Store pass r: 16-byte chunk c = 32r + lane of the warp's 4 KB, i.e. chunk c & 7 of the warp's
     // unit 4r + lane / 8 (unit v, in input order).
@@ -143,11 +146,6 @@ __global__ void __launch_bounds__(kPreconvertThreads, 4) PreconvertKernel(const 
       const long long dst = (static_cast<long long>(at.l) * q.out_rows + out_r) * q.units_per_row + at.u;
       reinterpret_cast<uint4*>(q.out)[dst * 8 + c] = ws[unit * 8 + (c ^ (unit & 7))];
     }
-  }
-  if constexpr (!VariantTraits<V>::kScaleE4M3) {
-    // The operand's bound, a min over every warp: mostly a read (after the first warps, few lower it).
-    bound = __reduce_min_sync(0xFFFFFFFFu, bound);
-    if (lane == 0 && bound < *reinterpret_cast<volatile unsigned int*>(q.bound)) atomicMin(q.bound, bound);
   }
   if constexpr (!VariantTraits<V>::kFp4) {
     // The rare units again, carrying their NaN/Inf codes, each lane's own unit straight into the

@@ -316,6 +316,33 @@ def test_explicit_mesh_dim_over_fewer_or_indivisible_scale_blocks(rng, dim, devi
     _check_few_blocks(compiled, result, x, w, *_local_sizes(size, dim, devices, blocks))
 
 
+@pytest.mark.parametrize(
+    "shape,a_spec,b_spec",
+    [
+        ((256, 128, 512), ("d", None), (None, None)),  # M: 2 scale blocks of rows over 4 devices
+        ((128, 128, 256), (None, "d"), (None, "d")),  # K: 2 scale blocks of K over 4 devices
+        ((128, 256, 256), (None, None), ("d", None)),  # N: 2 scale blocks of rows over 4 devices
+    ],
+    ids=["M", "K", "N"],
+)
+def test_already_quantized_operands_over_fewer_scale_blocks(rng, shape, a_spec, b_spec):
+    """Quantized operands placed by the caller (device_put, scales replicated) on 4 devices with
+    fewer scale blocks along the split dim than devices: the call runs (the dim whole) and C is
+    right."""
+    if len(jax.devices()) < 4:
+        pytest.skip("needs 4 devices")
+    m, n, k = shape
+    mesh = Mesh(np.array(jax.devices()[:4]), ("d",))
+    a, b = npref.random_operand(rng, 1, m, k, "e4m3"), npref.random_operand(rng, 1, n, k, "e4m3")
+    sfa, sfb = (npref.random_scales(rng, 1, rows, k, 32, E8M0) for rows in (m, n))
+    put = lambda x, *spec: jax.device_put(x[0], NamedSharding(mesh, P(*spec)))
+    args = (put(a, *a_spec), put(b, *b_spec), put(sfa), put(sfb))
+    c, amax = jax.jit(lambda *x: jga.gemm_amax(*x))(*args)
+    ref, abssum, ref_amax = npref.gemm_amax_f64(a, b, sfa, sfb, 32)
+    npref.assert_c_close(np.asarray(c)[None], "float32", ref, abssum)
+    np.testing.assert_allclose(float(amax), np.max(ref_amax), rtol=1e-5)
+
+
 def test_m_over_fewer_blocks_beside_n_over_whole_blocks(rng):
     """On the (4, 2) mesh: M of 2 blocks over x runs whole, N of 2 blocks over y stays split (a
     block per shard), though quantize's layout splits M's scale tensor inside its blocks."""

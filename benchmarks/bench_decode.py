@@ -5,6 +5,7 @@ For each format (MXFP8 e4m3, MXFP4), M in 1..256 and weights (N, K), the candida
 (benchmarks/bench_gemm.py timed_rounds):
   * ours, A quantized per call: bf16 activations -> jga.quantize -> gemm_amax (bf16 C, amax)
   * ours, kernel only: gemm_amax on A quantized beforehand
+  * ours, weight-only: gemm_amax of the bf16 activations (sfa=None) and the quantized weights
   * XLA: the weights decoded elementwise to bf16 (codes x scales, as a user writes it) -> bf16 dot
   * cuBLAS bf16: jnp.dot of the bf16 activations and bf16 weights (no scales, the bar)
 Each jitted call runs its candidate on R weight copies in turn (R x weight bytes >= 256 MB, five
@@ -13,7 +14,8 @@ times the H200's L2), so that every weight is read from HBM, and reports per GEM
 at small M the host's per-call work can set the wall time). Effective weight bandwidth = (weight
 + scale bytes) / GPU time, beside the HBM copy rate measured the same way (a 2 GiB buffer copied:
 bytes read + written / time). --span-mb sets the distinct weight bytes per call (256). Ours is
-checked against the f32 product of the dequantized operands. The "kernel" column names the kernel
+checked against the f32 product of the dequantized operands (weight-only: of the bf16 activations
+and the dequantized weights). The "kernel" column names the kernel
 the CUDA handler runs (the plan query, as on an sm_90 GPU).
 
     python benchmarks/bench_decode.py                       # the full table
@@ -77,8 +79,9 @@ def main():
     ms = [int(v) for v in args.ms.split(",")]
     weights = [tuple(int(v) for v in s.split("x")) for s in args.weights.split(",")]
     device = jax.devices()[0].device_kind
+    on_gpu = jax.default_backend() == "gpu"  # else the kernel column is the plan for a 132-SM GPU
 
-    copy_bytes = 2 << 30 if jax.default_backend() == "gpu" else 64 << 20
+    copy_bytes = 2 << 30 if on_gpu else 64 << 20
     copy_rate = hbm_copy_rate(copy_bytes)
     print(
         f"{device}, jax {jax.__version__}: memory copy rate {copy_rate / 1e12:.2f} TB/s "
@@ -90,9 +93,10 @@ def main():
     )
     print(
         "| format | M | N×K | kernel | ours, A quantized | ours, kernel only | XLA dequant → bf16 dot "
-        "| cuBLAS bf16 | ours TB/s | / copy rate | / XLA | / cuBLAS |"
+        "| cuBLAS bf16 | ours TB/s | / copy rate | / XLA | / cuBLAS "
+        "| ours, weight-only | weight-only TB/s | / copy rate | / cuBLAS |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for fmt in args.formats.split(","):
         f = jga.FORMATS[fmt]
         sfv = f.sf_vec_size
@@ -112,7 +116,7 @@ def main():
                 qa, sfa = jga.quantize(x, fmt)
                 problem = (1, m, n, k, f.value_dtype, f.scale_dtype, sfv)
                 kernel = (
-                    _ffi.sm90_plan(*problem, _cuda_workspace_bytes(*problem))["kernel"]
+                    _ffi.sm90_plan(*problem, _cuda_workspace_bytes(*problem), sms=0 if on_gpu else 132)["kernel"]
                     if _ffi.BUILT_WITH_CUDA
                     else "cpu"
                 )
@@ -124,6 +128,9 @@ def main():
                 def kernel_only(a, qw, sw, sfv=sfv):
                     return jga.gemm_amax(a[0], qw, a[1], sw, c_dtype=jnp.bfloat16, sf_vec_size=sfv).c
 
+                def weight_only(xa, qw, sw, sfv=sfv):
+                    return jga.gemm_amax(xa, qw, None, sw, c_dtype=jnp.bfloat16, sf_vec_size=sfv).c
+
                 def xla(xa, qw, sw, sfv=sfv):
                     return jnp.dot(xa, dequant_bf16(qw, sw, sfv).T)
 
@@ -133,6 +140,7 @@ def main():
                 cands = {
                     "quantized": (over_copies(quantized, r_q), (x, q_copies), r_q),
                     "kernel": (over_copies(kernel_only, r_q), ((qa, sfa), q_copies), r_q),
+                    "weight_only": (over_copies(weight_only, r_q), (x, q_copies), r_q),
                     "xla": (over_copies(xla, r_q), (x, q_copies), r_q),
                     "cublas": (over_copies(cublas, r_bf16), (x, bf16_copies), r_bf16),
                 }
@@ -142,21 +150,20 @@ def main():
                     wall[name] = t / r
                     busy = gpu_busy_per_call(fn, fargs)
                     gpu[name] = busy / r if busy else wall[name]
-                    if name == "kernel":  # ours against the f32 product of the dequantized operands
-                        ref = jnp.dot(
-                            jga.dequantize(qa, sfa, sfv),
-                            jga.dequantize(qb, sfb, sfv).T,
-                            precision=jax.lax.Precision.HIGHEST,
-                        )
+                    if name in ("kernel", "weight_only"):  # ours against the f32 product, dequantized
+                        xa = jga.dequantize(qa, sfa, sfv) if name == "kernel" else x.astype(jnp.float32)
+                        ref = jnp.dot(xa, jga.dequantize(qb, sfb, sfv).T, precision=jax.lax.Precision.HIGHEST)
                         err = float(jnp.max(jnp.abs(out[0].astype(jnp.float32) - ref)) / jnp.max(jnp.abs(ref)))
-                        assert err < 1e-2, (fmt, m, n, k, err)
+                        assert err < 1e-2, (fmt, name, m, n, k, err)
                 us = {name: 1e6 * v for name, v in gpu.items()}
-                bw = weight_bytes / gpu["kernel"]
+                bw, bw_wo = weight_bytes / gpu["kernel"], weight_bytes / gpu["weight_only"]
                 print(
                     f"| {fmt} | {m} | {n}×{k} | {kernel} | {1e6 * wall['quantized']:.1f} ({us['quantized']:.1f}) "
                     f"| {1e6 * wall['kernel']:.1f} ({us['kernel']:.1f}) | {1e6 * wall['xla']:.1f} ({us['xla']:.1f}) "
                     f"| {1e6 * wall['cublas']:.1f} ({us['cublas']:.1f}) | {bw / 1e12:.2f} | {bw / copy_rate:.2f} "
-                    f"| {gpu['xla'] / gpu['kernel']:.2f} | {gpu['cublas'] / gpu['kernel']:.2f} |",
+                    f"| {gpu['xla'] / gpu['kernel']:.2f} | {gpu['cublas'] / gpu['kernel']:.2f} "
+                    f"| {1e6 * wall['weight_only']:.1f} ({us['weight_only']:.1f}) | {bw_wo / 1e12:.2f} "
+                    f"| {bw_wo / copy_rate:.2f} | {gpu['cublas'] / gpu['weight_only']:.2f} |",
                     flush=True,
                 )
             del q_copies, bf16_copies, qb, sfb, wb16

@@ -185,7 +185,7 @@ struct Smem {
   static constexpr int kOffBar = kOffSfB + kRawStages * kSfB;
   static constexpr int kNumBars =
       2 * (kRawStages + kBStages + kAStages) + 3;  // + the ping-pong order pair, the reset round
-  // Per B stage, each converter warp's verdict on its rows' scales (1: outside the safe range).
+  // Per B stage, each converter warp's lower bound of its rows' ScaleBound (ConvertRowUnit).
   static constexpr int kOffFlagsB = (kOffBar + kNumBars * 8 + 15) / 16 * 16;
   static constexpr int kOffStage = (kOffFlagsB + (kPreconvertedB ? 0 : 16 * kBStages) + 127) / 128 *
                                    128;  // epilogue staging, 1 KB per consumer warp

@@ -33,6 +33,9 @@ __device__ __forceinline__ uint32_t Lds8(uint32_t addr) {
   asm volatile("ld.shared.u8 %0, [%1];" : "=r"(v) : "r"(addr));
   return v;
 }
+__device__ __forceinline__ void Sts32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+}
 
 // 16 bytes from global to shared memory, bypassing L1; zeros where src_bytes is 0 (the source is
 // then not read: a row or chunk past the operand). No L2 cache-hint form: with one, ptxas 13.0

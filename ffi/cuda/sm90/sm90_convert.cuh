@@ -208,8 +208,12 @@ __device__ __forceinline__ uint32_t RowUnitBound(const uint32_t (&codes)[16], co
   uint32_t bound = kNoBound;
 #pragma unroll
   for (int g = 0; g < kRowUnitGroups<V>; ++g) {  // group g: fp8 words 8g..8g+7; fp4 words 2g, 2g+1
-    const bool nonzero =
-        Tr::kFp4 ? AnyNonzeroCode<V, 2>(&codes[2 * g]) : AnyNonzeroCode<V, 8>(&codes[Tr::kFp4 ? 0 : 8 * g]);
+    bool nonzero;
+    if constexpr (Tr::kFp4) {
+      nonzero = AnyNonzeroCode<V, 2>(&codes[2 * g]);
+    } else {
+      nonzero = AnyNonzeroCode<V, 8>(&codes[8 * g]);
+    }
     bound = min(bound, ScaleBound<V>(sf[g], valid[g], nonzero));
   }
   return bound;

@@ -34,7 +34,6 @@ __device__ __forceinline__ void Epilogue(float (&acc)[MI][64], const KParams& p,
                                          uint32_t stage, int lane, float& amax_run) {
   const int gr = FragRow(lane >> 2), t = lane & 3;  // this thread's rows: gr, gr + 8 of each 16
   const size_t batch_off = static_cast<size_t>(l) * p.m;
-  auto value = [&](int mi, int i) { return acc[mi][i]; };
   if (full && p.c_aligned16) {
     constexpr int PB = kPairBytes<CT>;      // bytes of one thread's pair; 4 * PB per row per j
     constexpr int RB = PB == 1 ? 64 : 128;  // staged bytes per row and round (a tile row of e2m1 is 64)
@@ -56,7 +55,7 @@ __device__ __forceinline__ void Epilogue(float (&acc)[MI][64], const KParams& p,
 #pragma unroll
           for (int jj = 0; jj < JR; ++jj) {
             const int j = cb * JR + jj;
-            const float v0 = value(mi, 4 * j + 2 * rr), v1 = value(mi, 4 * j + 2 * rr + 1);
+            const float v0 = acc[mi][4 * j + 2 * rr], v1 = acc[mi][4 * j + 2 * rr + 1];
             amax_run = AbsMaxNaN(amax_run, v0);
             amax_run = AbsMaxNaN(amax_run, v1);
             const uint64_t bits = EncodePair<CT>(v0, v1);
@@ -100,8 +99,8 @@ __device__ __forceinline__ void Epilogue(float (&acc)[MI][64], const KParams& p,
         const int col = col_t + 2 * t + 8 * j;
         if (col >= p.n) continue;
         // acc[mi] with a run-time mi would be indexed through local memory.
-        const float v0 = (mi == 0) ? value(0, 4 * j + 2 * rr) : value(MI - 1, 4 * j + 2 * rr);
-        const float v1 = (mi == 0) ? value(0, 4 * j + 2 * rr + 1) : value(MI - 1, 4 * j + 2 * rr + 1);
+        const float v0 = (mi == 0) ? acc[0][4 * j + 2 * rr] : acc[MI - 1][4 * j + 2 * rr];
+        const float v1 = (mi == 0) ? acc[0][4 * j + 2 * rr + 1] : acc[MI - 1][4 * j + 2 * rr + 1];
         const bool two = col + 1 < p.n;
         amax_run = AbsMaxNaN(amax_run, v0);
         if (two) amax_run = AbsMaxNaN(amax_run, v1);

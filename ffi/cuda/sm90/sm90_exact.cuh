@@ -18,7 +18,7 @@
 namespace jga {
 namespace sm90 {
 
-// Two codes (the low 16 bits of x: FP8 k0, k1; E2M1 four, of which pair `hi` is taken) as floats.
+// Two codes as floats: FP8, the low 16 bits of x; E2M1, its low 8 bits.
 template <int V>
 __device__ __forceinline__ float2 DecodePair(uint32_t x) {
   if constexpr (VariantTraits<V>::kFp4) {

@@ -152,7 +152,7 @@ cudaError_t LaunchVariantMI(const LaunchCtx& ctx) {
       const bool split = ctx.params.splits > 1;
       if (split && ctx.pre != kPreA) return cudaErrorInvalidConfiguration;  // split plans: A only (PlanOf)
       // The passes' bounds start at "no bound" (a min over the blocks they see).
-      cudaError_t err = cudaMemsetAsync(ctx.pre_bounds, 0xFF, 2 * sizeof(unsigned int), ctx.stream);
+      cudaError_t err = cudaMemsetAsync(ctx.pre_bounds, 0xFF, (kResetWords - 1) * sizeof(unsigned int), ctx.stream);
       if (err == cudaSuccess && (ctx.pre & kPreB)) err = LaunchPreconvert<V>(ctx.pre_b, ctx.stream, false);
       if (err == cudaSuccess && (ctx.pre & kPreA))
         err = LaunchPreconvert<V>(ctx.pre_a, ctx.stream, (ctx.pre & kPreB) != 0);

@@ -151,9 +151,6 @@ __device__ __forceinline__ uint32_t MulBF16x2(uint32_t a, uint32_t b) {
 __device__ __forceinline__ void Sts128(uint32_t addr, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
   asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(a), "r"(b), "r"(c), "r"(d));
 }
-__device__ __forceinline__ void Sts32(uint32_t addr, uint32_t a) {
-  asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(a));
-}
 // Programmatic dependent launch: the kernel may start while the grids before it still run (the
 // PreconvertKernel passes); every access to their output waits for them first. Without the launch
 // attribute this returns at once.

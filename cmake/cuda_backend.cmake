@@ -31,8 +31,10 @@ else()
   message(FATAL_ERROR "JAX_GEMM_AMAX_CUDA_ARCHS must contain 90a (the Hopper kernels); got ${JAX_GEMM_AMAX_CUDA_ARCHS}")
 endif()
 
-# The few-row kernel (mma.sync, FP8 conversions: sm_89+ PTX): one library for every architecture of the build.
-add_library(jga_cuda_skinny STATIC ffi/cuda/skinny/skinny.cu)
+# The few-row kernel (mma.sync, FP8 conversions: sm_89+ PTX): one library for every architecture of the build,
+# one translation unit per A kind (skinny_launch.cuh) beside the host code.
+file(GLOB JGA_SKINNY_SOURCES CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/ffi/cuda/skinny/*.cu)
+add_library(jga_cuda_skinny STATIC ${JGA_SKINNY_SOURCES})
 set_target_properties(jga_cuda_skinny PROPERTIES CUDA_ARCHITECTURES "${JAX_GEMM_AMAX_CUDA_ARCHS}")
 target_compile_options(jga_cuda_skinny PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:${JGA_CUDA_FLAGS}>)
 target_link_libraries(jga_cuda_skinny PUBLIC jga_core CUDA::cudart_static)

@@ -21,6 +21,7 @@ extern "C" XLA_FFI_Error* JgaGemmAmaxWeightOnlyCpu(XLA_FFI_CallFrame* call_frame
 #if JGA_WITH_CUDA
 extern "C" XLA_FFI_Error* JgaGemmAmaxCuda(XLA_FFI_CallFrame* call_frame);
 extern "C" XLA_FFI_Error* JgaGemmAmaxCudaInstantiate(XLA_FFI_CallFrame* call_frame);
+extern "C" XLA_FFI_Error* JgaGemmAmaxWeightOnlyCuda(XLA_FFI_CallFrame* call_frame);
 extern "C" XLA_FFI_Error* JgaQuantizeCuda(XLA_FFI_CallFrame* call_frame);
 extern "C" XLA_FFI_Error* JgaQuantizeCudaInstantiate(XLA_FFI_CallFrame* call_frame);
 extern "C" XLA_FFI_TypeId* JgaCallSiteStateTypeId();
@@ -79,6 +80,10 @@ NB_MODULE(_jax_gemm_amax, m) {
     stages["instantiate"] = Capsule(JgaGemmAmaxCudaInstantiate);
     stages["execute"] = Capsule(JgaGemmAmaxCuda);
     targets["jax_gemm_amax_cuda"] = stages;
+    nb::dict weight_only_stages;  // the same instantiate stage and call-site state
+    weight_only_stages["instantiate"] = Capsule(JgaGemmAmaxCudaInstantiate);
+    weight_only_stages["execute"] = Capsule(JgaGemmAmaxWeightOnlyCuda);
+    targets["jax_gemm_amax_weight_only_cuda"] = weight_only_stages;
     nb::dict quantize_stages;
     quantize_stages["instantiate"] = Capsule(JgaQuantizeCudaInstantiate);
     quantize_stages["execute"] = Capsule(JgaQuantizeCuda);
@@ -100,6 +105,24 @@ NB_MODULE(_jax_gemm_amax, m) {
     (void)p;
     (void)offer_copies;
     return 0;
+#endif
+        });
+  // Weight-only calls: the workspace of the few-row kernel where the CUDA handler runs the problem
+  // on it (RunsOnFewRowKernel: the current GPU, or any the build has kernels for without one), -1
+  // where it does not (the JAX lowering then goes through XLA). -1 without CUDA.
+  m.def("weight_only_kernel_workspace",
+        [](int64_t batch, int64_t m, int64_t n, int64_t k, const std::string& activation_dtype,
+           const std::string& operand_dtype, const std::string& scale_dtype, int32_t sf_vec_size) -> int64_t {
+          jga::GemmAmaxProblem p = HostProblem(batch, m, n, k, operand_dtype, scale_dtype, sf_vec_size);
+          if (activation_dtype == "bfloat16") p.a_type = jga::ActivationType::kBF16;
+          else if (activation_dtype == "float16") p.a_type = jga::ActivationType::kF16;
+          else
+            throw std::invalid_argument("weight-only activations must be bfloat16 or float16, got " + activation_dtype);
+#if JGA_WITH_CUDA
+          if (!jga::RunsOnFewRowKernel(p)) return -1;
+          return static_cast<int64_t>(jga::skinny::WorkspaceBytes(p));
+#else
+    return -1;
 #endif
         });
 #if JGA_WITH_CUDA

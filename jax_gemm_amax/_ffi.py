@@ -17,6 +17,7 @@ except ImportError as e:  # pragma: no cover - depends on how the package is imp
 CPU_TARGET = "jax_gemm_amax_cpu"
 CPU_WEIGHT_ONLY_TARGET = "jax_gemm_amax_weight_only_cpu"  # (a, b, sfb): bfloat16/float16 a, unscaled
 CUDA_TARGET = "jax_gemm_amax_cuda"
+CUDA_WEIGHT_ONLY_TARGET = "jax_gemm_amax_weight_only_cuda"  # the few-row kernel's problems only
 QUANTIZE_CUDA_TARGET = "jax_gemm_amax_quantize_cuda"
 
 BUILT_WITH_CUDA: bool = bool(_ext.built_with_cuda)
@@ -39,6 +40,24 @@ def workspace_bytes(batch, m, n, k, operand_dtype, scale_dtype, sf_vec_size, off
     GPU needed."""
     return _ext.workspace_bytes(
         batch, m, n, k, np.dtype(operand_dtype).name, np.dtype(scale_dtype).name, sf_vec_size, offer_copies
+    )
+
+
+def weight_only_kernel_workspace(batch, m, n, k, activation_dtype, operand_dtype, scale_dtype, sf_vec_size) -> int:
+    """For a weight-only call (``a (batch, m, k)`` bfloat16/float16, ``b (batch, n, ...)``): the
+    device workspace of the few-row kernel where the CUDA handler runs the problem on it (M <= 64,
+    32 with FP4 b, on the current GPU if it is an sm_90/sm_100 part the build has kernels for, or
+    on any such GPU when lowered without one), -1 where it does not (the call then goes through
+    XLA). k in elements. No GPU needed."""
+    return _ext.weight_only_kernel_workspace(
+        batch,
+        m,
+        n,
+        k,
+        np.dtype(activation_dtype).name,
+        np.dtype(operand_dtype).name,
+        np.dtype(scale_dtype).name,
+        sf_vec_size,
     )
 
 

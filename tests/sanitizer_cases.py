@@ -1,7 +1,7 @@
 """Small gemm_amax calls for `compute-sanitizer --tool memcheck` on a GPU: a partial-tile case
 (M, N not multiples of any tile, K' padded), batched cases, one with A and B pre-converted to BF16,
-one split-K plan with A pre-converted, and few-row cases (the few-row kernel), each checked for
-correctness; then the quantize kernels (rows, columns, pair) on shapes with partial tiles and scale
+one split-K plan with A pre-converted, and few-row cases (the few-row kernel, both-scaled and
+weight-only), each checked for correctness; then the quantize kernels (rows, columns, pair) on shapes with partial tiles and scale
 blocks, checked against jnp bit for bit.
 Not a pytest module: run as `compute-sanitizer --tool memcheck python tests/sanitizer_cases.py`;
 JGA_SANITIZER_CASES=<text> runs only the cases whose name holds it (e.g. "few rows", "quantize")."""
@@ -47,6 +47,33 @@ for name, kind, sf, sfv, m, n, k, batch, c_dtype in cases:
     ref, abssum, ref_amax = npref.gemm_amax_f64(p.a, p.b, p.sfa, p.sfb, sfv)
     npref.assert_c_close(np.asarray(c), c_dtype, ref, abssum)
     np.testing.assert_allclose(float(amax), ref_amax.max(), rtol=2e-5)
+    print(f"{name}: ok on {jax.devices()[0].device_kind}", flush=True)
+
+# Weight-only calls (bfloat16/float16 a, sfa=None) on the few-row kernel: split-K, batches, partial
+# tiles and a K tail, every B format; checked against the CPU backend.
+E8M0, E4M3 = ml_dtypes.float8_e8m0fnu, ml_dtypes.float8_e4m3fn
+weight_only_cases = [  # (name, a dtype, b kind, scale dtype, sf_vec_size, m, n, k, batch, c dtype)
+    ("few rows weight-only bf16 x mxfp4 split-K -> bf16", "bfloat16", "fp4", E8M0, 32, 13, 200, 4096, 1, "bfloat16"),
+    ("few rows weight-only f16 x e4m3 batched -> f32", "float16", "e4m3", E8M0, 32, 64, 136, 1056, 2, "float32"),
+    ("few rows weight-only bf16 x nvfp4 -> f32", "bfloat16", "fp4", E4M3, 16, 32, 256, 8192, 1, "float32"),
+    ("few rows weight-only f16 x e5m2 K tail -> e4m3", "float16", "e5m2", E8M0, 32, 1, 144, 96, 1, "float8_e4m3fn"),
+]
+for name, a_dtype, kind, sf, sfv, m, n, k, batch, c_dtype in weight_only_cases:
+    if only not in name:
+        continue
+    a = rng.standard_normal((batch, m, k)).astype(a_dtype if a_dtype == "float16" else ml_dtypes.bfloat16)
+    b = npref.random_operand(rng, batch, n, k, kind)
+    sfb = npref.random_scales(rng, batch, n, k, sfv, sf)
+    f = jax.jit(
+        lambda a, b, s, sfv=sfv, c_dtype=c_dtype: jga.gemm_amax(a, b, None, s, c_dtype=c_dtype, sf_vec_size=sfv)
+    )
+    got = f(a, b, sfb)
+    with jax.default_device(jax.devices("cpu")[0]):
+        want = f(a, b, sfb)
+    c_got, c_want = (np.asarray(x.c).astype(np.float32) for x in (got, want))
+    rtol = {"float32": 2e-5, "bfloat16": 2.0**-7, "float8_e4m3fn": 2.0**-3}[c_dtype]  # one ulp of C
+    np.testing.assert_allclose(c_got, c_want, rtol=rtol, atol=1e-3 * float(want.amax))
+    np.testing.assert_allclose(float(got.amax), float(want.amax), rtol=2e-5)
     print(f"{name}: ok on {jax.devices()[0].device_kind}", flush=True)
 
 from jax_gemm_amax.primitives.quantize import COLS, PAIR, ROWS, quantize_p  # noqa: E402

@@ -233,7 +233,16 @@ def test_sm90a_kernels_use_no_local_memory(sm90_kernels):
 # ---------------------------------------------------------------------------------------------
 # The few-row kernel (ffi/cuda/skinny), built for every architecture of the build.
 
-SKINNY_KERNELS = 16  # 4 operand formats x 4 token-tile widths
+# Block-scaled A: 4 operand formats x 4 token-tile widths; weight-only float16 and bfloat16 A: the
+# same, less FP4 at 64 tokens (its ring would not fit in shared memory).
+SKINNY_KERNELS = 16 + 2 * 14
+
+
+def _skinny_a_kind(name: str) -> int:
+    """The A-kind template argument of a mangled SkinnyKernel<V, A, MT> (0 scaled, 1 f16, 2 bf16)."""
+    m = re.search(r"SkinnyKernelILi(\d)ELi(\d)ELi(\d)E", name)
+    assert m, f"unexpected SkinnyKernel name {name}"
+    return int(m[2])
 
 
 @pytest.fixture(scope="module", params=["sm_90a", "sm_100a"])
@@ -298,7 +307,11 @@ def test_skinny_kernels_address_memory_through_written_registers(skinny_kernels)
 
 def test_skinny_kernels_stream_b_into_tensor_core_mmas(skinny_kernels):
     for name, body in skinny_kernels.items():
-        assert re.search(r"\bHMMA\.16816\.F32\b", body), f"{name[:60]}: no f16 m16n8k16 HMMA"
+        if _skinny_a_kind(name) == 2:  # bfloat16 activations: the bf16 MMA only
+            assert re.search(r"\bHMMA\.16816\.F32\.BF16\b", body), f"{name[:60]}: no bf16 m16n8k16 HMMA"
+            assert not re.search(r"\bHMMA\.16816\.F32(?!\.BF16)\b", body), f"{name[:60]}: an f16 HMMA"
+        else:
+            assert re.search(r"\bHMMA\.16816\.F32(?!\.BF16)\b", body), f"{name[:60]}: no f16 m16n8k16 HMMA"
         assert re.search(r"\bLDSM\.16\.M88\.4\b", body), f"{name[:60]}: B not read with ldmatrix.x4"
         assert re.search(r"\bLDGSTS\b", body), f"{name[:60]}: no cp.async copies"
 

@@ -331,21 +331,41 @@ def test_sharded_matches_unsharded(rng, b_format, a_spec, b_spec):
     )
 
 
-# --- the CUDA platform: through XLA, no custom call ---
+# --- the CUDA platform: the few-row kernel where it takes the problem, else XLA's dot ---
 
 
-def test_cuda_lowering_is_a_dot_not_a_custom_call(rng):
-    a, b, sfb, sfv = _problem(rng, "e4m3", "bfloat16", 8, 128, 256)
-    f = jax.jit(lambda *x: jga.gemm_amax(*x, c_dtype=jnp.bfloat16))
+@pytest.mark.parametrize(
+    "b_format,m,kernel",
+    [("e4m3", 1, True), ("e5m2", 64, True), ("e4m3", 65, False), ("mxfp4", 32, True), ("nvfp4", 33, False)],
+)
+def test_cuda_lowering_picks_the_few_row_kernel_or_a_dot(rng, b_format, m, kernel):
+    if not _ffi.BUILT_WITH_CUDA:
+        pytest.skip("built without the CUDA backend")
+    a, b, sfb, sfv = _problem(rng, b_format, "bfloat16", m, 128, 256)
+    f = jax.jit(lambda *x: jga.gemm_amax(*x, sf_vec_size=sfv, c_dtype=jnp.bfloat16))
     try:
         text = f.trace(a[0], b[0], None, sfb[0]).lower(lowering_platforms=("cuda",)).as_text()
     except Exception as e:  # pragma: no cover - a jax without the CUDA lowering rules
         pytest.skip(f"cannot lower for cuda here: {e}")
-    assert "custom_call @jax_gemm_amax" not in text
-    assert "dot_general" in text
+    assert (f"custom_call @{_ffi.CUDA_WEIGHT_ONLY_TARGET}" in text) == kernel
+    assert ("dot_general" in text) == (not kernel)
+    assert f"custom_call @{_ffi.CUDA_TARGET}(" not in text
 
 
-GPU_CASES = [(b, a, m) for b in sorted(B_FORMATS) for a in sorted(A_DTYPES) for m in (1, 7, 300)]
+def test_weight_only_kernel_workspace_answers_per_problem():
+    if not _ffi.BUILT_WITH_CUDA:
+        pytest.skip("built without the CUDA backend")
+    ws = _ffi.weight_only_kernel_workspace
+    assert ws(1, 16, 8192, 8192, "bfloat16", "float8_e4m3fn", "float8_e8m0fnu", 32) > 0  # split-K partials
+    assert ws(1, 16, 8192, 8192, "float16", "uint8", "float8_e4m3fn", 16) > 0
+    assert ws(1, 65, 8192, 8192, "bfloat16", "float8_e4m3fn", "float8_e8m0fnu", 32) == -1
+    assert ws(1, 33, 8192, 8192, "bfloat16", "uint8", "float8_e8m0fnu", 32) == -1  # FP4: 32 tokens at most
+    assert ws(1, 8, 256, 256, "bfloat16", "uint8", "float8_e8m0fnu", 16) == -1  # FP4 e8m0 per 16: no kernel
+    with pytest.raises(ValueError, match="bfloat16 or float16"):
+        ws(1, 8, 256, 256, "float32", "float8_e4m3fn", "float8_e8m0fnu", 32)
+
+
+GPU_CASES = [(b, a, m) for b in sorted(B_FORMATS) for a in sorted(A_DTYPES) for m in (1, 7, 16, 32, 33, 64, 300)]
 
 
 @pytest.mark.skipif(not on_gpu(), reason="needs a GPU")
@@ -360,6 +380,40 @@ def test_gpu_matches_cpu_and_the_oracle(rng, b_format, a_dtype, m):
     c_gpu, c_cpu = np.asarray(gpu.c), np.asarray(cpu.c)
     _, abssum, _ = oracle(a, b, sfb, sfv)
     assert np.all(np.abs(c_gpu - c_cpu) <= 4e-5 * abssum + 1e-30), np.max(np.abs(c_gpu - c_cpu))
+
+
+@pytest.mark.skipif(not on_gpu(), reason="needs a GPU")
+@pytest.mark.parametrize("a_dtype", sorted(A_DTYPES))
+@pytest.mark.parametrize("b_format", ["e4m3", "mxfp4", "nvfp4"])
+def test_gpu_few_row_kernel_split_k_batches_and_k_tail(rng, b_format, a_dtype):
+    # K = 8192 over few tiles: split-K 16 ways; K = 96 / 160: a stage of a chunk or two and a
+    # partial scale block.
+    for m, n, k, batch in [(16, 256, 8192, 1), (5, 136, 96 if b_format == "e4m3" else 160, 3)]:
+        a, b, sfb, sfv = _problem(rng, b_format, a_dtype, m, n, k, batch=batch)
+        f = jax.jit(lambda *x, sfv=sfv: jga.gemm_amax(*x, sf_vec_size=sfv))
+        _check(f(a, b, None, sfb), a, b, sfb, sfv)
+
+
+@pytest.mark.skipif(not on_gpu(), reason="needs a GPU")
+@pytest.mark.parametrize("a_dtype", sorted(A_DTYPES))
+@pytest.mark.parametrize("b_format,codes", [("e4m3", (0x7F, 0xFF)), ("e5m2", (0x7C, 0xFC, 0x7E))])
+def test_gpu_few_row_kernel_keeps_nan_and_inf_codes_of_b(rng, b_format, a_dtype, codes):
+    a, b, sfb, sfv = _problem(rng, b_format, a_dtype, 7, 144, 96)
+    raw = b.view(np.uint8).copy()
+    for i, code in enumerate(codes):
+        raw[0, 10 + i, 3 + 5 * i] = code
+    b = raw.view(b.dtype)
+    f = jax.jit(lambda *x: jga.gemm_amax(*x, sf_vec_size=sfv))
+    gpu = f(a[0], b[0], None, sfb[0])
+    with jax.default_device(CPU):
+        cpu = f(a[0], b[0], None, sfb[0])
+    c_gpu, c_cpu = np.asarray(gpu.c), np.asarray(cpu.c)
+    np.testing.assert_array_equal(np.isnan(c_gpu), np.isnan(c_cpu))
+    np.testing.assert_array_equal(np.isinf(c_gpu), np.isinf(c_cpu))
+    assert np.isnan(c_cpu).any() and np.isnan(float(gpu.amax)) and np.isnan(float(cpu.amax))
+    finite = np.isfinite(c_cpu)
+    _, abssum, _ = oracle(a, b, sfb, sfv)
+    assert np.all(np.abs(c_gpu[finite] - c_cpu[finite]) <= 4e-5 * abssum[0][finite] + 1e-30)
 
 
 @pytest.mark.skipif(not on_gpu(), reason="needs a GPU")

@@ -27,6 +27,20 @@ cudaError_t ComputeCapability(int device, int* cc) {
   return cudaSuccess;
 }
 
+bool FewRowKernelBuiltFor(int cc) {
+#if defined(JGA_HAVE_SM100)
+  if (cc == 100) return true;
+#endif
+  return cc == 90;
+}
+
+bool RunsOnFewRowKernel(const GemmAmaxProblem& p) {
+  if (!skinny::Accepts(p)) return false;
+  int device = 0, cc = 0;  // cc stays 0 where there is no usable device
+  if (cudaGetDevice(&device) == cudaSuccess) ComputeCapability(device, &cc);
+  return cc == 0 || FewRowKernelBuiltFor(cc);
+}
+
 size_t CudaWorkspaceBytes(const GemmAmaxProblem& p, bool offer_copies) {
   // Both architectures run the problems the few-row kernel accepts on it: the larger of its need
   // and their GEMM's.

@@ -53,7 +53,6 @@ ffi::Error CudaError(cudaError_t err, const char* what) {
 }
 
 #if defined(JGA_HAVE_SM100)
-constexpr bool kHaveSm100 = true;
 constexpr const char* kBuiltKernels = "built kernels: sm_90a (H100/H200), sm_100a (B200/GB200)";
 
 // Blackwell B200/GB200 (compute capability 10.0): the sm_100a CUTLASS kernels. The cubins are
@@ -79,20 +78,14 @@ ffi::Error LaunchSm100(const GemmAmaxProblem& problem, const GemmAmaxBuffers& bu
   return ffi::Error::Internal(what + ": " + cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
 }
 #else
-constexpr bool kHaveSm100 = false;
 constexpr const char* kBuiltKernels = "built kernels: sm_90a (H100/H200); this build has no sm_100a kernels";
 #endif
 
-ffi::Error GemmAmaxCudaImpl(cudaStream_t stream, CallSiteState* state, ffi::AnyBuffer a, ffi::AnyBuffer b,
-                            ffi::AnyBuffer sfa, ffi::AnyBuffer sfb, ffi::Result<ffi::AnyBuffer> c,
-                            ffi::Result<ffi::AnyBuffer> amax, ffi::Result<ffi::AnyBuffer> workspace,
-                            int32_t sf_vec_size, int32_t tile_m, int32_t tile_n, int32_t cluster_m, int32_t cluster_n) {
-  GemmAmaxProblem problem;
-  const GemmAmaxHints hints{tile_m, tile_n, cluster_m, cluster_n};
-  ffi::Error status = DescribeProblem(a, b, sfa, sfb, *c, *amax, sf_vec_size, hints, &problem);
-  if (status.failure()) return status;
-  const GemmAmaxBuffers buffers = BuffersOf(a, b, sfa, sfb, *c, *amax);
-
+// One call, both forms: the few-row kernel where it takes the problem, else the architecture's
+// GEMM (both-scaled problems only: the JAX lowering sends weight-only problems here only where
+// RunsOnFewRowKernel says the few-row kernel takes them, arch.h).
+ffi::Error Run(cudaStream_t stream, CallSiteState* state, const GemmAmaxProblem& problem,
+               const GemmAmaxBuffers& buffers, ffi::AnyBuffer& workspace) {
   // XLA makes the stream's device current while it runs (or records) the call; unlike
   // cudaStreamGetDevice, cudaGetDevice is allowed while the stream is being captured.
   int device = 0;
@@ -111,26 +104,54 @@ ffi::Error GemmAmaxCudaImpl(cudaStream_t stream, CallSiteState* state, ffi::AnyB
 
   // Few rows of A (skinny::Accepts): the memory-bound few-row kernel, built for every arch of the
   // build, which streams B once (skinny.h).
-  if ((cc == 90 || (kHaveSm100 && cc == 100)) && skinny::Accepts(problem)) {
+  if (FewRowKernelBuiltFor(cc) && skinny::Accepts(problem)) {
     if (reset_word == nullptr) return no_reset_word();
-    err = skinny::Launch(problem, buffers, workspace->untyped_data(), workspace->size_bytes(), stream, reset_word);
+    err = skinny::Launch(problem, buffers, workspace.untyped_data(), workspace.size_bytes(), stream, reset_word);
     if (err != cudaSuccess) return CudaError(err, "launching the few-row kernel");
     return ffi::Error::Success();
   }
+  if (problem.weight_only())
+    return ffi::Error(ffi::ErrorCode::kUnimplemented,
+                      "gemm_amax: this weight-only problem has no CUDA kernel (the few-row kernel takes M <= 64, "
+                      "32 with FP4 b, on compute capability 9.0 or 10.0); the JAX lowering runs such calls "
+                      "through XLA");
   if (cc == 90) {
     if (const char* why = sm90::Unsupported(problem))
       return ffi::Error(ffi::ErrorCode::kUnimplemented, std::string("gemm_amax (sm_90): ") + why);
     if (reset_word == nullptr) return no_reset_word();
-    err = sm90::Launch(problem, buffers, workspace->untyped_data(), workspace->size_bytes(), stream, reset_word);
+    err = sm90::Launch(problem, buffers, workspace.untyped_data(), workspace.size_bytes(), stream, reset_word);
     if (err != cudaSuccess) return CudaError(err, "launching the sm_90 kernel");
     return ffi::Error::Success();
   }
 #if defined(JGA_HAVE_SM100)
-  if (cc == 100) return LaunchSm100(problem, buffers, stream, *workspace);
+  if (cc == 100) return LaunchSm100(problem, buffers, stream, workspace);
 #endif
   return ffi::Error(ffi::ErrorCode::kUnimplemented, "gemm_amax: no kernel for this GPU (compute capability " +
                                                         std::to_string(cc / 10) + "." + std::to_string(cc % 10) +
                                                         "); " + kBuiltKernels);
+}
+
+ffi::Error GemmAmaxCudaImpl(cudaStream_t stream, CallSiteState* state, ffi::AnyBuffer a, ffi::AnyBuffer b,
+                            ffi::AnyBuffer sfa, ffi::AnyBuffer sfb, ffi::Result<ffi::AnyBuffer> c,
+                            ffi::Result<ffi::AnyBuffer> amax, ffi::Result<ffi::AnyBuffer> workspace,
+                            int32_t sf_vec_size, int32_t tile_m, int32_t tile_n, int32_t cluster_m, int32_t cluster_n) {
+  GemmAmaxProblem problem;
+  const GemmAmaxHints hints{tile_m, tile_n, cluster_m, cluster_n};
+  ffi::Error status = DescribeProblem(a, b, sfa, sfb, *c, *amax, sf_vec_size, hints, &problem);
+  if (status.failure()) return status;
+  return Run(stream, state, problem, BuffersOf(a, b, sfa, sfb, *c, *amax), *workspace);
+}
+
+ffi::Error GemmAmaxWeightOnlyCudaImpl(cudaStream_t stream, CallSiteState* state, ffi::AnyBuffer a, ffi::AnyBuffer b,
+                                      ffi::AnyBuffer sfb, ffi::Result<ffi::AnyBuffer> c,
+                                      ffi::Result<ffi::AnyBuffer> amax, ffi::Result<ffi::AnyBuffer> workspace,
+                                      int32_t sf_vec_size, int32_t tile_m, int32_t tile_n, int32_t cluster_m,
+                                      int32_t cluster_n) {
+  GemmAmaxProblem problem;
+  const GemmAmaxHints hints{tile_m, tile_n, cluster_m, cluster_n};
+  ffi::Error status = DescribeWeightOnlyProblem(a, b, sfb, *c, *amax, sf_vec_size, hints, &problem);
+  if (status.failure()) return status;
+  return Run(stream, state, problem, WeightOnlyBuffersOf(a, b, sfb, *c, *amax), *workspace);
 }
 
 // The instantiate stage runs once per executable (per call site), outside CUDA-graph capture: load
@@ -177,6 +198,20 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JgaGemmAmaxCuda, jga::GemmAmaxCudaImpl,
                               xla::ffi::Ffi::Bind()
                                   .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
                                   .Ctx<xla::ffi::State<jga::CallSiteState>>() JGA_GEMM_AMAX_BINDING_BUFFERS
+                                  .Ret<xla::ffi::AnyBuffer>()  // workspace (uint8; may be empty)
+                              JGA_GEMM_AMAX_BINDING_ATTRS,
+                              {xla::ffi::Traits::kCmdBufferCompatible});
+
+// Weight-only calls (a, b, sfb): the same instantiate stage and state.
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JgaGemmAmaxWeightOnlyCuda, jga::GemmAmaxWeightOnlyCudaImpl,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<xla::ffi::State<jga::CallSiteState>>()
+                                  .Arg<xla::ffi::AnyBuffer>()  // a, bfloat16 or float16
+                                  .Arg<xla::ffi::AnyBuffer>()  // b
+                                  .Arg<xla::ffi::AnyBuffer>()  // sfb
+                                  .Ret<xla::ffi::AnyBuffer>()  // c
+                                  .Ret<xla::ffi::AnyBuffer>()  // amax, one per batch item
                                   .Ret<xla::ffi::AnyBuffer>()  // workspace (uint8; may be empty)
                               JGA_GEMM_AMAX_BINDING_ATTRS,
                               {xla::ffi::Traits::kCmdBufferCompatible});

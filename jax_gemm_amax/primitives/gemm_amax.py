@@ -11,9 +11,12 @@ bytes for packed FP4) and one amax per batch item ``(L,)``.
   extension sizes its workspace.
 
 Weight-only calls (``a (L, M, K)`` bfloat16/float16, unscaled) bind the same primitives without
-the ``sfa`` operand: ``(a, b, sfb)``. On CPU they lower to their own FFI target; on CUDA through
-XLA itself (:func:`jax_gemm_amax.ops.weight_only_sum`, a cuBLAS dot), there being no weight-only
-kernel in the CUDA handler. Their sharding follows the same plan, without ``sfa``.
+the ``sfa`` operand: ``(a, b, sfb)``. On CPU they lower to their own FFI target; on CUDA to the
+weight-only CUDA target where the few-row kernel takes the problem (M <= 64, 32 with FP4 ``b``,
+on sm_90a or sm_100a; the extension answers, ``_ffi.weight_only_kernel_workspace``), else through
+XLA itself (:func:`jax_gemm_amax.ops.weight_only_sum`, a cuBLAS dot: at many rows the GEMM is
+compute-bound and B's conversion is a small part of it). Their sharding follows the same plan,
+without ``sfa``.
 
 The public function does the normalization (2-D inputs, layouts, float4 packing, c_major, the
 final max over L).
@@ -131,8 +134,6 @@ batching.primitive_batchers[gemm_amax_p] = _batch_rule
 
 def _ffi_lowering(ctx, *operands, target, c_dtype, sf_vec_size, tile_m, tile_n, cluster_m, cluster_n):
     del c_dtype  # carried by the result type
-    if len(operands) == 3:
-        target = _ffi.CPU_WEIGHT_ONLY_TARGET  # CPU only: the CUDA lowering takes another way
     return jax.ffi.ffi_lowering(target)(
         ctx,
         *operands,
@@ -163,29 +164,51 @@ def _weight_only_xla(a, b, sfb, *, c_dtype, sf_vec_size, **hints):
     return formats.saturating_cast(acc, c_dtype), _magnitude_max(acc, axis=(1, 2))
 
 
+def _with_workspace(ctx, operands, nbytes, target, params):
+    """The custom call with its workspace as a third result that the primitive does not return:
+    XLA owns it (FFI scratch would be freed before a recorded CUDA graph replays; cuda_handler.cc)."""
+    workspace = ShapedArray((nbytes,), np.uint8)
+    ctx3 = ctx.replace(avals_out=[*ctx.avals_out, workspace])
+    c, amax, _ = _ffi_lowering(ctx3, *operands, target=target, **params)
+    return [c, amax]
+
+
+def _cuda_weight_only_lowering(ctx, a, b, sfb, **params):
+    batch, m, k = ctx.avals_in[0].shape
+    n = ctx.avals_in[1].shape[1]
+    b_dtype, sfb_dtype = ctx.avals_in[1].dtype, ctx.avals_in[2].dtype
+    nbytes = -1
+    if _ffi.BUILT_WITH_CUDA:
+        nbytes = _ffi.weight_only_kernel_workspace(
+            batch, m, n, k, ctx.avals_in[0].dtype, b_dtype, sfb_dtype, params["sf_vec_size"]
+        )
+    if nbytes < 0:
+        return mlir.lower_fun(functools.partial(_weight_only_xla, **params), multiple_results=True)(ctx, a, b, sfb)
+    return _with_workspace(ctx, (a, b, sfb), nbytes, _ffi.CUDA_WEIGHT_ONLY_TARGET, params)
+
+
 def _cuda_lowering(ctx, *operands, **params):
     if len(operands) == 3:
-        return mlir.lower_fun(functools.partial(_weight_only_xla, **params), multiple_results=True)(ctx, *operands)
-    a, b, sfa, sfb = operands
+        return _cuda_weight_only_lowering(ctx, *operands, **params)
     if not _ffi.BUILT_WITH_CUDA:
         raise NotImplementedError(
             "jax_gemm_amax was built without its CUDA backend (no nvcc at build time); "
             "reinstall with nvcc on PATH (JAX_GEMM_AMAX_CUDA=ON makes its absence an error)"
         )
-    # The workspace is a third result of the custom call that the primitive does not return: XLA
-    # owns it (FFI scratch would be freed before a recorded CUDA graph replays; cuda_handler.cc).
     a_aval = ctx.avals_in[0]
     batch, m, row_bytes = a_aval.shape  # FP8: one byte per element; packed FP4: two elements per byte
     n = ctx.avals_in[1].shape[1]
     k = row_bytes * (2 if np.dtype(a_aval.dtype) == PACKED_FP4 else 1)
     nbytes = _cuda_workspace_bytes(batch, m, n, k, a_aval.dtype, ctx.avals_in[2].dtype, params["sf_vec_size"])
-    workspace = ShapedArray((nbytes,), np.uint8)
-    ctx3 = ctx.replace(avals_out=[*ctx.avals_out, workspace])
-    c, amax, _ = _ffi_lowering(ctx3, a, b, sfa, sfb, target=_ffi.CUDA_TARGET, **params)
-    return [c, amax]
+    return _with_workspace(ctx, operands, nbytes, _ffi.CUDA_TARGET, params)
 
 
-mlir.register_lowering(gemm_amax_ffi_p, functools.partial(_ffi_lowering, target=_ffi.CPU_TARGET), platform="cpu")
+def _cpu_lowering(ctx, *operands, **params):
+    target = _ffi.CPU_TARGET if len(operands) == 4 else _ffi.CPU_WEIGHT_ONLY_TARGET
+    return _ffi_lowering(ctx, *operands, target=target, **params)
+
+
+mlir.register_lowering(gemm_amax_ffi_p, _cpu_lowering, platform="cpu")
 mlir.register_lowering(gemm_amax_ffi_p, _cuda_lowering, platform="cuda")
 
 

@@ -5,10 +5,11 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <climits>
 
-#include "cuda/skinny/skinny_kernel.cuh"
+#include "cuda/skinny/skinny_launch.cuh"
 
 namespace jga {
 namespace skinny {
@@ -28,28 +29,39 @@ int VariantOf(const GemmAmaxProblem& p) {
   return -1;  // FP4 with e8m0 scales per 16: a chunk of 32 codes would span two groups
 }
 
+int AKindOf(const GemmAmaxProblem& p) {
+  switch (p.a_type) {
+    case ActivationType::kF16: return kAF16;
+    case ActivationType::kBF16: return kABF16;
+    default: return kAScaled;
+  }
+}
+
 // Index of the token-tile count (kTokenTileCounts) that covers M.
 int TokenTileIndex(int64_t m) { return m <= 8 ? 0 : m <= 16 ? 1 : m <= 32 ? 2 : 3; }
 
-template <int V, int MT>
-constexpr int SmemBytes() {
-  return Smem<V, MT>::kBytes;
+// Rows of A the kernels of variant v and A kind a take (Built).
+int64_t MaxM(int v, int a) { return Built(v, a, 8) ? kMaxM : kMaxM / 2; }
+
+template <int A, int V>
+constexpr std::array<int, kTokenTileIndices> SmemRow() {
+  return {SmemBytesOf<V, A, 1>(), SmemBytesOf<V, A, 2>(), SmemBytesOf<V, A, 4>(), SmemBytesOf<V, A, 8>()};
 }
-constexpr int kSmemBytes[kVariants][4] = {
-    {SmemBytes<0, 1>(), SmemBytes<0, 2>(), SmemBytes<0, 4>(), SmemBytes<0, 8>()},
-    {SmemBytes<1, 1>(), SmemBytes<1, 2>(), SmemBytes<1, 4>(), SmemBytes<1, 8>()},
-    {SmemBytes<2, 1>(), SmemBytes<2, 2>(), SmemBytes<2, 4>(), SmemBytes<2, 8>()},
-    {SmemBytes<3, 1>(), SmemBytes<3, 2>(), SmemBytes<3, 4>(), SmemBytes<3, 8>()},
-};
+template <int A>
+constexpr std::array<std::array<int, kTokenTileIndices>, kVariants> SmemKind() {
+  return {SmemRow<A, 0>(), SmemRow<A, 1>(), SmemRow<A, 2>(), SmemRow<A, 3>()};
+}
+constexpr std::array<std::array<std::array<int, kTokenTileIndices>, kVariants>, kAKinds> kSmemBytes = {
+    SmemKind<kAScaled>(), SmemKind<kAF16>(), SmemKind<kABF16>()};
 
 // CTAs per SM without a device to ask: what 227 KB of shared memory (1 KB reserved per CTA) and
 // the kernel's register budget allow.
-int HostCtasPerSm(int v, int mt_index) {
-  const int by_smem = (227 * 1024) / (kSmemBytes[v][mt_index] + 1024);
+int HostCtasPerSm(int a, int v, int mt_index) {
+  const int by_smem = (227 * 1024) / (kSmemBytes[a][v][mt_index] + 1024);
   return std::max(1, std::min(by_smem, kTokenTileCounts[mt_index] <= 2 ? 2 : 1));
 }
 
-std::atomic<int> g_ctas_per_sm[kMaxDevices][kVariants][4];
+std::atomic<int> g_ctas_per_sm[kMaxDevices][kAKinds][kVariants][kTokenTileIndices];
 std::atomic<int> g_sms[kMaxDevices];
 
 struct Plan {
@@ -82,73 +94,22 @@ Plan MakePlan(const GemmAmaxProblem& p, int sms, int ctas_per_sm, size_t workspa
   return plan;
 }
 
-template <int V, int MT>
-cudaError_t Configure(int dev) {
-  const auto kernel = SkinnyKernel<V, MT>;
-  constexpr int kBytes = Smem<V, MT>::kBytes;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes);
-  if (err == cudaSuccess)
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
-  int ctas = 0;
-  if (err == cudaSuccess) err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, kThreads, kBytes);
-  if (err != cudaSuccess) return err;
-  if (ctas <= 0) return cudaErrorInvalidConfiguration;
-  int mt_index = 0;
-  while (kTokenTileCounts[mt_index] != MT) ++mt_index;
-  g_ctas_per_sm[dev][V][mt_index].store(ctas, std::memory_order_release);
-  return cudaSuccess;
-}
-
-template <int V>
-cudaError_t ConfigureVariant(int dev) {
-  cudaError_t err = Configure<V, 1>(dev);
-  if (err == cudaSuccess) err = Configure<V, 2>(dev);
-  if (err == cudaSuccess) err = Configure<V, 4>(dev);
-  if (err == cudaSuccess) err = Configure<V, 8>(dev);
-  return err;
-}
-
-template <int V, int MT>
-cudaError_t LaunchKernel(const Params& params, int grid, cudaStream_t stream) {
-  // Cooperative: the zeroing round needs every CTA resident (the grid is capped at the occupancy).
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeCooperative;
-  attr[0].val.cooperative = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(grid), 1, 1);
-  cfg.blockDim = dim3(kThreads, 1, 1);
-  cfg.dynamicSmemBytes = Smem<V, MT>::kBytes;
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, SkinnyKernel<V, MT>, params);
-}
-
-template <int V>
-cudaError_t LaunchVariant(const Params& params, int mt_index, int grid, cudaStream_t stream) {
-  switch (mt_index) {
-    case 0: return LaunchKernel<V, 1>(params, grid, stream);
-    case 1: return LaunchKernel<V, 2>(params, grid, stream);
-    case 2: return LaunchKernel<V, 4>(params, grid, stream);
-    default: return LaunchKernel<V, 8>(params, grid, stream);
-  }
-}
-
 bool PreparedOn(int dev) { return g_sms[dev].load(std::memory_order_acquire) > 0; }
 
 }  // namespace
 
 bool Accepts(const GemmAmaxProblem& p) {
-  if (ContractViolation(p) != nullptr || p.weight_only() || VariantOf(p) < 0 || p.m > kMaxM) return false;
+  if (ContractViolation(p) != nullptr) return false;
+  const int v = VariantOf(p);
+  if (v < 0 || p.m > MaxM(v, AKindOf(p))) return false;
   // 32-bit indices: rows, row bytes, units, and element offsets of C's pairs within a batch item.
-  return p.n < (1ll << 30) && p.operand_row_bytes() < (1ll << 30) && p.batch < (1 << 20) &&
-         Tiles(p) * kMaxSplits < INT_MAX;
+  return p.n < (1ll << 30) && p.a_row_bytes() < (1ll << 30) && p.batch < (1 << 20) && Tiles(p) * kMaxSplits < INT_MAX;
 }
 
 size_t WorkspaceBytes(const GemmAmaxProblem& p) {
   if (!Accepts(p)) return 0;
   const int v = VariantOf(p), mt_index = TokenTileIndex(p.m);
-  const Plan plan = MakePlan(p, kPlanSms, HostCtasPerSm(v, mt_index), static_cast<size_t>(-1));
+  const Plan plan = MakePlan(p, kPlanSms, HostCtasPerSm(AKindOf(p), v, mt_index), static_cast<size_t>(-1));
   return SplitBytes(p, plan.splits);
 }
 
@@ -158,10 +119,15 @@ cudaError_t Prepare() {
   if (err != cudaSuccess) return err;
   if (dev >= kMaxDevices) return cudaErrorInvalidDevice;
   if (PreparedOn(dev)) return cudaSuccess;
-  err = ConfigureVariant<kE4M3>(dev);
-  if (err == cudaSuccess) err = ConfigureVariant<kE5M2>(dev);
-  if (err == cudaSuccess) err = ConfigureVariant<kMXFP4>(dev);
-  if (err == cudaSuccess) err = ConfigureVariant<kNVFP4>(dev);
+  int ctas[kAKinds][kVariants][kTokenTileIndices] = {};
+  err = ConfigureKind<kAScaled>(ctas[kAScaled]);
+  if (err == cudaSuccess) err = ConfigureKind<kAF16>(ctas[kAF16]);
+  if (err == cudaSuccess) err = ConfigureKind<kABF16>(ctas[kABF16]);
+  if (err != cudaSuccess) return err;
+  for (int a = 0; a < kAKinds; ++a)
+    for (int v = 0; v < kVariants; ++v)
+      for (int i = 0; i < kTokenTileIndices; ++i)
+        g_ctas_per_sm[dev][a][v][i].store(ctas[a][v][i], std::memory_order_release);
   int sms = 0;
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   if (err != cudaSuccess) return err;
@@ -171,8 +137,8 @@ cudaError_t Prepare() {
 
 cudaError_t PlanFor(const GemmAmaxProblem& p, size_t workspace_bytes, PlanInfo* info, int sms) {
   if (!Accepts(p)) return cudaErrorInvalidValue;
-  const int v = VariantOf(p), mt_index = TokenTileIndex(p.m);
-  int ctas_per_sm = HostCtasPerSm(v, mt_index);
+  const int a = AKindOf(p), v = VariantOf(p), mt_index = TokenTileIndex(p.m);
+  int ctas_per_sm = HostCtasPerSm(a, v, mt_index);
   if (sms <= 0) {
     int dev = 0;
     cudaError_t err = cudaGetDevice(&dev);
@@ -180,7 +146,7 @@ cudaError_t PlanFor(const GemmAmaxProblem& p, size_t workspace_bytes, PlanInfo* 
     if (err == cudaSuccess && !PreparedOn(dev)) err = Prepare();
     if (err != cudaSuccess) return err;
     sms = g_sms[dev].load(std::memory_order_acquire);
-    ctas_per_sm = g_ctas_per_sm[dev][v][mt_index].load(std::memory_order_acquire);
+    ctas_per_sm = g_ctas_per_sm[dev][a][v][mt_index].load(std::memory_order_acquire);
   }
   const Plan plan = MakePlan(p, sms, ctas_per_sm, workspace_bytes);
   info->tokens = 8 * kTokenTileCounts[mt_index];
@@ -206,9 +172,9 @@ cudaError_t Launch(const GemmAmaxProblem& p, const GemmAmaxBuffers& buf, void* w
     if (err == cudaSuccess) err = Prepare();
     if (err != cudaSuccess) return err;
   }
-  const int v = VariantOf(p), mt_index = TokenTileIndex(p.m);
+  const int a = AKindOf(p), v = VariantOf(p), mt_index = TokenTileIndex(p.m);
   const Plan plan = MakePlan(p, g_sms[dev].load(std::memory_order_acquire),
-                             g_ctas_per_sm[dev][v][mt_index].load(std::memory_order_acquire), workspace_bytes);
+                             g_ctas_per_sm[dev][a][v][mt_index].load(std::memory_order_acquire), workspace_bytes);
 
   Params k{};
   k.a = static_cast<const uint8_t*>(buf.a);
@@ -221,8 +187,9 @@ cudaError_t Launch(const GemmAmaxProblem& p, const GemmAmaxBuffers& buf, void* w
   k.n = static_cast<int>(p.n);
   k.l = static_cast<int>(p.batch);
   k.row_bytes = static_cast<int>(p.operand_row_bytes());
+  k.a_row_bytes = static_cast<int>(p.a_row_bytes());
   k.k_blocks = static_cast<int>(p.k_blocks());
-  k.sfa_batch_stride = p.scale_batch_stride(p.m);
+  k.sfa_batch_stride = p.weight_only() ? 0 : p.scale_batch_stride(p.m);
   k.sfb_batch_stride = p.scale_batch_stride(p.n);
   k.c_type = static_cast<int>(p.c_type);
   k.tiles_n = static_cast<int>(CeilDiv(p.n, kTileN));
@@ -236,11 +203,10 @@ cudaError_t Launch(const GemmAmaxProblem& p, const GemmAmaxBuffers& buf, void* w
     k.partials = reinterpret_cast<float4*>(static_cast<uint8_t*>(workspace) + plan.counter_bytes);
   }
   k.reset_word = reset_word;
-  switch (v) {
-    case kE4M3: return LaunchVariant<kE4M3>(k, mt_index, plan.grid, stream);
-    case kE5M2: return LaunchVariant<kE5M2>(k, mt_index, plan.grid, stream);
-    case kMXFP4: return LaunchVariant<kMXFP4>(k, mt_index, plan.grid, stream);
-    default: return LaunchVariant<kNVFP4>(k, mt_index, plan.grid, stream);
+  switch (a) {
+    case kAF16: return LaunchKind<kAF16>(v, mt_index, k, plan.grid, stream);
+    case kABF16: return LaunchKind<kABF16>(v, mt_index, k, plan.grid, stream);
+    default: return LaunchKind<kAScaled>(v, mt_index, k, plan.grid, stream);
   }
 }
 

@@ -36,8 +36,13 @@
 // flushed per warp. amax and the counters are zeroed by CTA 0 at the start, ordered before every
 // CTA's first atomic by the reset word's round (ResetArrive / ResetWait): a cooperative launch.
 //
-// A-side variants: A reaches the MMA as f16 fragments written by ConvertA, so an unscaled f16 A is
-// a plain copy there (scale 1), and a bf16 A the same with the bf16 MMA and B decoded to bf16.
+// Weight-only (AKind kAF16 / kABF16): A is unscaled 16-bit activations, copied through the same
+// ring (2 bytes per element: 256 bytes of A per 128 bytes of FP8 codes, 512 per 128 bytes of FP4)
+// and moved by ConvertA into the MMA's fragment order with the K permutation that Decode gives B.
+// An f16 A meets B's f16 codes on the f16 MMA; a bf16 A takes the bf16 MMA, with B's registers
+// widened f16 -> f32, multiplied back to their value (fp4's 2^-14 undone, so that a small activation
+// cannot underflow against it) and narrowed to bf16: exact, NaN and Inf kept. The group path scales
+// block sums by SFB alone.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -63,9 +68,13 @@ constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kTileN = 16 * kWarps;  // rows of B per CTA (one 128-row scale block)
 constexpr int kStages = 4;
-constexpr int kStageBytes = 128;  // K bytes per row and stage
+constexpr int kStageBytes = 128;  // K bytes per row of B and stage
 
-template <int V>
+// A's kind: block-scaled like B, or unscaled 16-bit activations (weight-only).
+enum AKind : int { kAScaled = 0, kAF16 = 1, kABF16 = 2 };
+constexpr int kAKinds = 3;
+
+template <int V, int A>
 struct Traits {
   static constexpr bool kFp4 = V == kMXFP4 || V == kNVFP4;
   static constexpr bool kFolded = V == kNVFP4;  // scales folded into the f16 values
@@ -75,25 +84,34 @@ struct Traits {
   static constexpr int kStepsPerChunk = kFp4 ? 2 : 1;  // MMA k-steps in 16 bytes of codes
   static constexpr int kSteps = 8 * kStepsPerChunk;    // per stage
   static constexpr int kHalves = 2 * kStepsPerChunk;   // f16x2 registers decoded from 4 bytes
-  // fp4 codes decode as value * 2^-14: the block sums carry 2^-28 (group path), NVFP4's sums
-  // 2^-7 (B's values are value * scale * 2^-7, A's value * scale).
-  static constexpr float kBlockScale = kFp4 ? 268435456.0f : 1.0f;
-  static constexpr float kAccScale = kFolded ? 128.0f : 1.0f;
+  static constexpr bool kWeightOnly = A != kAScaled;
+  static constexpr bool kBF16 = A == kABF16;
+  static constexpr int kAStageBytes = kWeightOnly ? 2 * (kFp4 ? 2 : 1) * kStageBytes : kStageBytes;  // 128, 256, 512
+  static constexpr int kAChunks = kAStageBytes / 16;  // 16-byte chunks of A per token and stage
+  // B decodes to f16 as value * 2^-14 (fp4) or value * scale * 2^-7 (NVFP4); the bf16 MMA takes B
+  // at its value (ToBF16 multiplies by kBOffset).
+  static constexpr float kBOffset = kFolded ? 128.0f : kFp4 ? 16384.0f : 1.0f;
+  // The group path's block sums carry fp4's 2^-14 once per f16 operand: 2^-28 with both scaled,
+  // 2^-14 with an f16 A, none with a bf16 A. NVFP4's sums carry 2^-7 except on the bf16 MMA.
+  static constexpr float kBlockScale = !kFp4 || kBF16 ? 1.0f : kWeightOnly ? 16384.0f : 268435456.0f;
+  static constexpr float kAccScale = kFolded && !kBF16 ? 128.0f : 1.0f;
 };
 
-template <int V, int MT>
+template <int V, int A, int MT>
 struct Smem {
-  using Tr = Traits<V>;
+  using Tr = Traits<V, A>;
   static constexpr int kTokens = 8 * MT;
   static constexpr int kBSlot = kTileN * kStageBytes;
-  static constexpr int kASlot = kTokens * kStageBytes;
+  static constexpr int kASlot = kTokens * Tr::kAStageBytes;
   static constexpr int kSfSlot = Tr::kBlocksPerStage * 512;
+  static constexpr int kSfaSlot = Tr::kWeightOnly ? 0 : kSfSlot;
   static constexpr int kConvA = Tr::kSteps * MT * 32 * 8;  // [step][token tile][lane] x 2 f16x2
-  static constexpr int kScaleA = Tr::kFolded ? 0 : Tr::kGroupsPerStage * kTokens * 4;  // [group][token] fp32
+  static constexpr int kScaleA =
+      Tr::kFolded || Tr::kWeightOnly ? 0 : Tr::kGroupsPerStage * kTokens * 4;  // [group][token] fp32
   static constexpr int kOffA = kStages * kBSlot;
   static constexpr int kOffSfb = kOffA + kStages * kASlot;
   static constexpr int kOffSfa = kOffSfb + kStages * kSfSlot;
-  static constexpr int kOffConv = kOffSfa + kStages * kSfSlot;
+  static constexpr int kOffConv = kOffSfa + kStages * kSfaSlot;
   static constexpr int kOffScaleA = kOffConv + kConvA;
   static constexpr int kBytes = kOffScaleA + kScaleA;
   // The epilogue stages the finished tile [token][row] in the B ring; the pitch of 132 floats
@@ -101,6 +119,10 @@ struct Smem {
   static constexpr int kCPitch = kTileN + 4;
   static_assert(kTokens * kCPitch * 4 <= kStages * kBSlot, "C staging fits the B ring");
 };
+
+// Whether the kernel of variant V, A kind A and MT token tiles exists: a weight-only FP4 ring of 64
+// tokens would need ~244 KB of shared memory, so FP4 weight-only problems take at most 32 tokens.
+constexpr bool Built(int v, int a, int mt) { return !(a != kAScaled && (v == kMXFP4 || v == kNVFP4) && mt == 8); }
 
 // Minimum CTAs per SM the kernel is compiled for (register budget: 128 per thread at 2).
 template <int MT>
@@ -114,8 +136,9 @@ struct Params {
   void* c;
   float* amax;
   int m, n, l;
-  int row_bytes;  // bytes of one row of A and B
-  int k_blocks;   // scale blocks along K
+  int row_bytes;    // bytes of one row of B (and of A unless weight-only)
+  int a_row_bytes;  // bytes of one row of A
+  int k_blocks;     // scale blocks along K
   long long sfa_batch_stride, sfb_batch_stride;
   int c_type;
   int tiles_n;             // 128-row tiles of B per batch item
@@ -159,10 +182,28 @@ __device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint2
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b.x), "r"(b.y));
 }
 
+// D += A * B, m16n8k16, bf16 inputs, fp32 accumulators.
+__device__ __forceinline__ void MmaBF16(float (&d)[4], const uint32_t (&a)[4], uint2 b) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b.x), "r"(b.y));
+}
+// f16x2 -> bf16x2 times `scale` (a power of two): exact for B's decoded values (at most 7
+// significant bits, within bf16's range once scaled), NaN and Inf kept.
+__device__ __forceinline__ uint32_t ToBF16(uint32_t h2, float scale) {
+  const __half2 h = *reinterpret_cast<const __half2*>(&h2);
+  const float lo = __low2float(h) * scale, hi = __high2float(h) * scale;
+  uint32_t d;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+  return d;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Conversion: 4 bytes of codes -> Traits::kHalves f16x2 registers (k-step s takes h[2s], h[2s+1]).
 template <int V>
-__device__ __forceinline__ void Decode(uint32_t w, uint32_t (&h)[Traits<V>::kHalves]) {
+__device__ __forceinline__ void Decode(uint32_t w, uint32_t (&h)[Traits<V, kAScaled>::kHalves]) {
   if constexpr (V == kE4M3) {
     h[0] = CvtE4M3x2(w & 0xFFFFu);
     h[1] = CvtE4M3x2(w >> 16);
@@ -191,8 +232,9 @@ __device__ __forceinline__ float E8M0Float(uint32_t e) {
 __device__ __forceinline__ bool Moderate(uint32_t e) { return e - 63u <= 128u; }
 
 // One group's term when the fast path does not apply: x (the block sum, 2^-28 undone) times the
-// combined scale of e8m0 bytes ea (A) and eb (B), per numerics.h.
-__device__ __noinline__ float ExactTerm(float x, uint32_t ea, uint32_t eb) {
+// combined scale of e8m0 bytes ea (A) and eb (B), per numerics.h. Static: one copy per translation
+// unit (skinny_<kind>.cu) rather than one definition shared by them.
+static __device__ __noinline__ float ExactTerm(float x, uint32_t ea, uint32_t eb) {
   if (ea == 0xFFu || eb == 0xFFu) return __uint_as_float(0x7FC00000u);
   if (Moderate(ea)) return (x * E8M0Float(ea)) * E8M0Float(eb);
   const int e = static_cast<int>(ea) + static_cast<int>(eb) - 254;
@@ -216,29 +258,37 @@ __device__ __forceinline__ void StoreC(int c_type, void* c, size_t idx, float v0
 
 // ---------------------------------------------------------------------------------------------
 // One stage's copies into ring slot `slot`: B's 128 rows (8 chunks each, chunk c of row r at
-// c ^ (r & 7)), the tokens' A rows (the same swizzle), the scale blocks of B's tile and of A.
-// Thread i copies chunk i % 8 of rows i / 8 + 32 j, so its sources move by 128 bytes a stage; they
-// are set up once per unit (UnitCopies).
+// c ^ (r & 7)), the tokens' A rows (kAChunks chunks each, the same swizzle of the chunk index's
+// low 3 bits), the scale blocks of B's tile and of A. Thread i copies chunk i % 8 of B rows
+// i / 8 + 32 j and chunk i % kAChunks of A rows i / kAChunks + (256 / kAChunks) j, so its sources
+// move by a fixed stride a stage; they are set up once per unit (UnitCopies).
 struct UnitCopies {
   const uint8_t* b;   // chunk tid % 8 of B row n0 + tid / 8 at stage 0
-  const uint8_t* a;   // chunk tid % 8 of A row tid / 8 at stage 0
+  const uint8_t* a;   // chunk tid % kAChunks of A row tid / kAChunks at stage 0
   const uint8_t* sf;  // this thread's 16 bytes of the scale blocks at stage 0 (B's: threads 0-127, A's: 128-255)
   uint32_t b_rows;    // bit j: B row n0 + tid / 8 + 32 j exists
 };
 
-template <int V, int MT>
+// Bytes of a row of A: B's unless weight-only (the same value, known to the compiler).
+template <int V, int A>
+__device__ __forceinline__ int ARowBytes(const Params& p) {
+  return Traits<V, A>::kWeightOnly ? p.a_row_bytes : p.row_bytes;
+}
+
+template <int V, int A, int MT>
 __device__ __forceinline__ UnitCopies SetUpCopies(const Params& p, int l, int n0) {
-  constexpr int kBlocks = Traits<V>::kBlocksPerStage;
+  using Tr = Traits<V, A>;
+  constexpr int kBlocks = Tr::kBlocksPerStage;
   const int tid = threadIdx.x, r = tid >> 3, c = tid & 7;
   UnitCopies u;
   u.b = p.b + (static_cast<size_t>(l) * p.n + n0 + r) * p.row_bytes + c * 16;
-  u.a = p.a + (static_cast<size_t>(l) * p.m + r) * p.row_bytes + c * 16;
+  u.a = p.a + (static_cast<size_t>(l) * p.m + tid / Tr::kAChunks) * ARowBytes<V, A>(p) + (tid % Tr::kAChunks) * 16;
   u.b_rows = 0;
 #pragma unroll
   for (int j = 0; j < kTileN / 32; ++j) u.b_rows |= (n0 + r + 32 * j < p.n ? 1u : 0u) << j;
   const int which = tid >> 7, ch = tid & 127;
   u.sf = nullptr;
-  if (ch < 32 * kBlocks) {
+  if (ch < 32 * kBlocks && (which == 0 || !Tr::kWeightOnly)) {
     const uint8_t* sf = which == 0
                             ? p.sfb + l * p.sfb_batch_stride + static_cast<size_t>(n0 / kTileN) * p.k_blocks * 512
                             : p.sfa + l * p.sfa_batch_stride;
@@ -247,10 +297,11 @@ __device__ __forceinline__ UnitCopies SetUpCopies(const Params& p, int l, int n0
   return u;
 }
 
-template <int V, int MT>
+template <int V, int A, int MT>
 __device__ __forceinline__ void IssueStage(const Params& p, const UnitCopies& u, uint32_t base, int slot, int stage) {
-  using S = Smem<V, MT>;
-  constexpr int kBlocks = Traits<V>::kBlocksPerStage;
+  using S = Smem<V, A, MT>;
+  using Tr = Traits<V, A>;
+  constexpr int kBlocks = Tr::kBlocksPerStage;
   const int tid = threadIdx.x, r = tid >> 3, c = tid & 7;
   const size_t koff = static_cast<size_t>(stage) * kStageBytes, rows32 = static_cast<size_t>(p.row_bytes) * 32;
   const bool k_ok = static_cast<int>(koff) + c * 16 < p.row_bytes;
@@ -260,10 +311,17 @@ __device__ __forceinline__ void IssueStage(const Params& p, const UnitCopies& u,
     const bool ok = k_ok && ((u.b_rows >> j) & 1u);
     CpAsync16(dst_b + j * 32 * 128, ok ? u.b + koff + j * rows32 : p.b, ok ? 16u : 0u);
   }
-  const uint32_t dst_a = base + S::kOffA + slot * S::kASlot + r * 128 + ((c ^ (r & 7)) << 4);
+  // A: rows ar + kRowsPerPass j (kRowsPerPass is a multiple of 8: every row has ar's swizzle).
+  constexpr int kRowsPerPass = kThreads / Tr::kAChunks;
+  const int ar = tid / Tr::kAChunks, ac = tid % Tr::kAChunks;
+  const size_t akoff = static_cast<size_t>(stage) * Tr::kAStageBytes,
+               apass = static_cast<size_t>(ARowBytes<V, A>(p)) * kRowsPerPass;
+  const bool ak_ok = static_cast<int>(akoff) + ac * 16 < ARowBytes<V, A>(p);
+  const uint32_t dst_a = base + S::kOffA + slot * S::kASlot + ar * Tr::kAStageBytes + ((ac ^ (ar & 7)) << 4);
 #pragma unroll
-  for (int j = 0; j < (S::kTokens * 8 + kThreads - 1) / kThreads; ++j)
-    if (r + 32 * j < p.m) CpAsync16(dst_a + j * 32 * 128, k_ok ? u.a + koff + j * rows32 : p.a, k_ok ? 16u : 0u);
+  for (int j = 0; j < (S::kTokens + kRowsPerPass - 1) / kRowsPerPass; ++j)
+    if (ar + kRowsPerPass * j < p.m)
+      CpAsync16(dst_a + j * kRowsPerPass * Tr::kAStageBytes, ak_ok ? u.a + akoff + j * apass : p.a, ak_ok ? 16u : 0u);
   if (u.sf != nullptr) {  // scale blocks: B's tile (row block n0 / 128), A's first row block (M <= 64)
     const int ch = tid & 127;
     const bool ok = stage * kBlocks + (ch >> 5) < p.k_blocks;
@@ -272,14 +330,17 @@ __device__ __forceinline__ void IssueStage(const Params& p, const UnitCopies& u,
   }
 }
 
-// A of one stage into the fragment buffer: item (token m, chunk c, thread slot t) decodes A's 4
-// bytes at 16c + 4t of row m into the B-operand registers (b0, b1) of k-step(s) of chunk c that
-// lane (m % 8) * 4 + t of every warp reads for token tile m / 8. Tokens past M are zero. The
-// group path also writes A's scales as fp32 [group][token] (1 for tokens past M).
-template <int V, int MT>
+// A of one stage into the fragment buffer: item (token m, chunk c, thread slot t) puts the A
+// values that meet B's bytes 16c + 4t..16c + 4t + 3 (Decode's order) into the B-operand registers
+// (b0, b1) of k-step(s) of chunk c that lane (m % 8) * 4 + t of every warp reads for token tile
+// m / 8. Tokens past M are zero. Scaled A: its codes through Decode; the group path also writes
+// A's scales as fp32 [group][token] (1 for tokens past M). 16-bit A: FP8 B's chunk c meets
+// elements 16c + 4t.. (8 bytes), FP4's meets 32c + 8t.. (16 bytes), paired i, i + 4 as Decode
+// pairs nibbles.
+template <int V, int A, int MT>
 __device__ __forceinline__ void ConvertA(const Params& p, uint32_t base, int slot) {
-  using S = Smem<V, MT>;
-  using Tr = Traits<V>;
+  using S = Smem<V, A, MT>;
+  using Tr = Traits<V, A>;
   const int tid = threadIdx.x;
   const uint32_t raw = base + S::kOffA + slot * S::kASlot, sfa = base + S::kOffSfa + slot * S::kSfSlot;
   const uint32_t conv = base + S::kOffConv;
@@ -291,18 +352,31 @@ __device__ __forceinline__ void ConvertA(const Params& p, uint32_t base, int slo
 #pragma unroll
     for (int x = 0; x < Tr::kHalves; ++x) h[x] = 0u;
     if (m < p.m) {
-      Decode<V>(Lds32(raw + m * 128 + ((c ^ (m & 7)) << 4) + 4 * t), h);
-      if constexpr (Tr::kFolded) {  // group 2c + t / 2 of the stage: block c / 2, byte 2 (c % 2) + t / 2
-        const uint32_t s = ScaleHalf2(Lds8(sfa + (c >> 1) * 512 + BlockOffset(m, 2 * (c & 1) + (t >> 1))));
+      const uint32_t row = raw + m * Tr::kAStageBytes;
+      if constexpr (Tr::kWeightOnly && !Tr::kFp4) {
+        const uint2 v = Lds64(row + (((2 * c + (t >> 1)) ^ (m & 7)) << 4) + 8 * (t & 1));
+        h[0] = v.x;
+        h[1] = v.y;
+      } else if constexpr (Tr::kWeightOnly) {
+        const uint4 v = Lds128(row + (((4 * c + t) ^ (m & 7)) << 4));
+        h[0] = __byte_perm(v.x, v.z, 0x5410);
+        h[1] = __byte_perm(v.x, v.z, 0x7632);
+        h[2] = __byte_perm(v.y, v.w, 0x5410);
+        h[3] = __byte_perm(v.y, v.w, 0x7632);
+      } else {
+        Decode<V>(Lds32(row + ((c ^ (m & 7)) << 4) + 4 * t), h);
+        if constexpr (Tr::kFolded) {  // group 2c + t / 2 of the stage: block c / 2, byte 2 (c % 2) + t / 2
+          const uint32_t s = ScaleHalf2(Lds8(sfa + (c >> 1) * 512 + BlockOffset(m, 2 * (c & 1) + (t >> 1))));
 #pragma unroll
-        for (int x = 0; x < Tr::kHalves; ++x) h[x] = Hmul2(Hmul2(h[x], kHalf2Pow14), s);
+          for (int x = 0; x < Tr::kHalves; ++x) h[x] = Hmul2(Hmul2(h[x], kHalf2Pow14), s);
+        }
       }
     }
 #pragma unroll
     for (int s = 0; s < Tr::kStepsPerChunk; ++s)
       Sts64(conv + (((c * Tr::kStepsPerChunk + s) * MT + (m >> 3)) * 32 + (m & 7) * 4 + t) * 8, h[2 * s], h[2 * s + 1]);
   }
-  if constexpr (!Tr::kFolded) {
+  if constexpr (!Tr::kFolded && !Tr::kWeightOnly) {
     for (int i = tid; i < Tr::kGroupsPerStage * S::kTokens; i += kThreads) {
       const int gi = i / S::kTokens, m = i % S::kTokens;
       const float f = m < p.m ? E8M0Float(Lds8(sfa + (gi >> 2) * 512 + BlockOffset(m, gi & 3))) : 1.0f;
@@ -312,66 +386,94 @@ __device__ __forceinline__ void ConvertA(const Params& p, uint32_t base, int slo
 }
 
 // Adds one group's block sums to the accumulators: acc[jt][e] holds row (g, g, g+8, g+8) and
-// token 8 jt + 2t + (0, 1, 0, 1) of the warp's tile.
-template <int V, int MT>
+// token 8 jt + 2t + (0, 1, 0, 1) of the warp's tile. Weight-only: each term is the block sum times
+// SFB, one rounding whatever the scale (E8M0Float: 2^-127 subnormal, 0xFF NaN).
+template <int V, int A, int MT>
 __device__ __forceinline__ void AddGroup(float (&acc)[MT][4], const float (&blk)[MT][4], uint32_t eb0, uint32_t eb1,
                                          uint32_t scale_a, int t) {
-  constexpr float kBs = Traits<V>::kBlockScale;
-  float2 fa[MT];
-#pragma unroll
-  for (int jt = 0; jt < MT; ++jt) {
-    const uint2 v = Lds64(scale_a + (8 * jt + 2 * t) * 4);
-    fa[jt] = make_float2(__uint_as_float(v.x), __uint_as_float(v.y));
-  }
-  if (Moderate(eb0) && Moderate(eb1)) {
-    const float fb0 = __uint_as_float(eb0 << 23) * kBs, fb1 = __uint_as_float(eb1 << 23) * kBs;  // normal: Moderate
+  constexpr float kBs = Traits<V, A>::kBlockScale;
+  if constexpr (Traits<V, A>::kWeightOnly) {
+    const float fb0 = E8M0Float(eb0), fb1 = E8M0Float(eb1);
 #pragma unroll
     for (int jt = 0; jt < MT; ++jt) {
-      acc[jt][0] = fmaf(blk[jt][0] * fb0, fa[jt].x, acc[jt][0]);
-      acc[jt][1] = fmaf(blk[jt][1] * fb0, fa[jt].y, acc[jt][1]);
-      acc[jt][2] = fmaf(blk[jt][2] * fb1, fa[jt].x, acc[jt][2]);
-      acc[jt][3] = fmaf(blk[jt][3] * fb1, fa[jt].y, acc[jt][3]);
+      acc[jt][0] = fmaf(blk[jt][0] * kBs, fb0, acc[jt][0]);
+      acc[jt][1] = fmaf(blk[jt][1] * kBs, fb0, acc[jt][1]);
+      acc[jt][2] = fmaf(blk[jt][2] * kBs, fb1, acc[jt][2]);
+      acc[jt][3] = fmaf(blk[jt][3] * kBs, fb1, acc[jt][3]);
     }
   } else {
+    float2 fa[MT];
 #pragma unroll
     for (int jt = 0; jt < MT; ++jt) {
-      const uint32_t ea0 = __float_as_uint(fa[jt].x) >> 23, ea1 = __float_as_uint(fa[jt].y) >> 23;  // E8M0Float's byte
-      acc[jt][0] += ExactTerm(blk[jt][0] * kBs, ea0, eb0);
-      acc[jt][1] += ExactTerm(blk[jt][1] * kBs, ea1, eb0);
-      acc[jt][2] += ExactTerm(blk[jt][2] * kBs, ea0, eb1);
-      acc[jt][3] += ExactTerm(blk[jt][3] * kBs, ea1, eb1);
+      const uint2 v = Lds64(scale_a + (8 * jt + 2 * t) * 4);
+      fa[jt] = make_float2(__uint_as_float(v.x), __uint_as_float(v.y));
+    }
+    if (Moderate(eb0) && Moderate(eb1)) {
+      const float fb0 = __uint_as_float(eb0 << 23) * kBs, fb1 = __uint_as_float(eb1 << 23) * kBs;  // normal: Moderate
+#pragma unroll
+      for (int jt = 0; jt < MT; ++jt) {
+        acc[jt][0] = fmaf(blk[jt][0] * fb0, fa[jt].x, acc[jt][0]);
+        acc[jt][1] = fmaf(blk[jt][1] * fb0, fa[jt].y, acc[jt][1]);
+        acc[jt][2] = fmaf(blk[jt][2] * fb1, fa[jt].x, acc[jt][2]);
+        acc[jt][3] = fmaf(blk[jt][3] * fb1, fa[jt].y, acc[jt][3]);
+      }
+    } else {
+#pragma unroll
+      for (int jt = 0; jt < MT; ++jt) {
+        const uint32_t ea0 = __float_as_uint(fa[jt].x) >> 23,
+                       ea1 = __float_as_uint(fa[jt].y) >> 23;  // E8M0Float's byte
+        acc[jt][0] += ExactTerm(blk[jt][0] * kBs, ea0, eb0);
+        acc[jt][1] += ExactTerm(blk[jt][1] * kBs, ea1, eb0);
+        acc[jt][2] += ExactTerm(blk[jt][2] * kBs, ea0, eb1);
+        acc[jt][3] += ExactTerm(blk[jt][3] * kBs, ea1, eb1);
+      }
     }
   }
 }
 
 // The MMAs of one 16-byte chunk's two k-steps (step0, step0 + 1 of the stage) against every token
 // tile: a[s] is k-step s's fragment of B's rows, the tokens' fragments come from the converted A.
-template <int MT>
+template <int A, int MT>
 __device__ __forceinline__ void MmaChunk(float (&d)[MT][4], const uint32_t (&a)[2][4], uint32_t conv, int step0,
                                          int lane) {
 #pragma unroll
   for (int jt = 0; jt < MT; ++jt)
 #pragma unroll
-    for (int s = 0; s < 2; ++s) Mma(d[jt], a[s], Lds64(conv + (((step0 + s) * MT + jt) * 32 + lane) * 8));
+    for (int s = 0; s < 2; ++s) {
+      const uint2 b = Lds64(conv + (((step0 + s) * MT + jt) * 32 + lane) * 8);
+      if constexpr (A == kABF16) MmaBF16(d[jt], a[s], b);
+      else Mma(d[jt], a[s], b);
+    }
 }
 
 // A group's block sums: the chunk's MMAs into zeroed accumulators (AddGroup scales and adds them).
-template <int MT>
+template <int A, int MT>
 __device__ __forceinline__ void BlockSums(float (&blk)[MT][4], const uint32_t (&a)[2][4], uint32_t conv, int step0,
                                           int lane) {
 #pragma unroll
   for (int jt = 0; jt < MT; ++jt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) blk[jt][e] = 0.0f;
-  MmaChunk<MT>(blk, a, conv, step0, lane);
+  MmaChunk<A, MT>(blk, a, conv, step0, lane);
+}
+
+// B's decoded registers as the MMA takes them: f16 as they are, bf16 at their value (ToBF16).
+template <int V, int A>
+__device__ __forceinline__ void ToMmaType(uint32_t (&a)[2][4]) {
+  if constexpr (A == kABF16) {
+#pragma unroll
+    for (int s = 0; s < 2; ++s)
+#pragma unroll
+      for (int x = 0; x < 4; ++x) a[s][x] = ToBF16(a[s][x], Traits<V, A>::kBOffset);
+  }
 }
 
 // One stage of one warp: its 16 rows of B (ldmatrix: matrices rows 0-7 / 8-15 of chunks c, c + 1)
 // against every token tile.
-template <int V, int MT>
+template <int V, int A, int MT>
 __device__ __forceinline__ void ComputeStage(const Params& p, uint32_t base, int slot, int stage, float (&acc)[MT][4]) {
-  using S = Smem<V, MT>;
-  using Tr = Traits<V>;
+  using S = Smem<V, A, MT>;
+  using Tr = Traits<V, A>;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = lane & 3;
   const int r0 = warp * 16 + (lane >> 2);  // this thread's rows of the tile: r0, r0 + 8
   const uint32_t bslot = base + slot * S::kBSlot, sfb = base + S::kOffSfb + slot * S::kSfSlot;
@@ -394,12 +496,13 @@ __device__ __forceinline__ void ComputeStage(const Params& p, uint32_t base, int
       uint32_t h[4][2];
 #pragma unroll
       for (int x = 0; x < 4; ++x) Decode<V>(r[x], h[x]);
-      const uint32_t a[2][4] = {{h[0][0], h[1][0], h[0][1], h[1][1]}, {h[2][0], h[3][0], h[2][1], h[3][1]}};
+      uint32_t a[2][4] = {{h[0][0], h[1][0], h[0][1], h[1][1]}, {h[2][0], h[3][0], h[2][1], h[3][1]}};
+      ToMmaType<V, A>(a);
       float blk[MT][4];
-      BlockSums<MT>(blk, a, conv, 2 * cp, lane);
+      BlockSums<A, MT>(blk, a, conv, 2 * cp, lane);
       const int kb = cp >> 2, j = cp & 3;  // group cp of the stage (kBlocksPerStage = 1)
-      AddGroup<V, MT>(acc, blk, (wb[kb][0] >> (8 * j)) & 0xFFu, (wb[kb][1] >> (8 * j)) & 0xFFu,
-                      scale_a + cp * S::kTokens * 4, t);
+      AddGroup<V, A, MT>(acc, blk, (wb[kb][0] >> (8 * j)) & 0xFFu, (wb[kb][1] >> (8 * j)) & 0xFFu,
+                         scale_a + cp * S::kTokens * 4, t);
     } else {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {  // chunk 2cp + half: rows r0 in r[2 half], r0 + 8 in r[2 half + 1]
@@ -419,13 +522,15 @@ __device__ __forceinline__ void ComputeStage(const Params& p, uint32_t base, int
           for (int s = 0; s < 2; ++s)
 #pragma unroll
             for (int x = 0; x < 4; ++x) a[s][x] = Hmul2(a[s][x], (x & 1) ? s1 : s0);
-          MmaChunk<MT>(acc, a, conv, 2 * chunk, lane);
+          ToMmaType<V, A>(a);
+          MmaChunk<A, MT>(acc, a, conv, 2 * chunk, lane);
         } else {  // one 32-group per chunk
+          ToMmaType<V, A>(a);
           float blk[MT][4];
-          BlockSums<MT>(blk, a, conv, 2 * chunk, lane);
+          BlockSums<A, MT>(blk, a, conv, 2 * chunk, lane);
           const int kb = chunk >> 2, sh = 8 * (chunk & 3);
-          AddGroup<V, MT>(acc, blk, (wb[kb][0] >> sh) & 0xFFu, (wb[kb][1] >> sh) & 0xFFu,
-                          scale_a + chunk * S::kTokens * 4, t);
+          AddGroup<V, A, MT>(acc, blk, (wb[kb][0] >> sh) & 0xFFu, (wb[kb][1] >> sh) & 0xFFu,
+                             scale_a + chunk * S::kTokens * 4, t);
         }
       }
     }
@@ -434,9 +539,9 @@ __device__ __forceinline__ void ComputeStage(const Params& p, uint32_t base, int
 
 // The finished tile (fp32 accumulators of every warp) -> C and amax, staged [token][row] through
 // the B ring (free: the pipeline has drained).
-template <int V, int MT>
+template <int V, int A, int MT>
 __device__ __forceinline__ void StoreTile(const Params& p, uint32_t base, const float (&acc)[MT][4], int l, int n0) {
-  using S = Smem<V, MT>;
+  using S = Smem<V, A, MT>;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, t = lane & 3;
   const int r0 = warp * 16 + (lane >> 2);
 #pragma unroll
@@ -444,7 +549,7 @@ __device__ __forceinline__ void StoreTile(const Params& p, uint32_t base, const 
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int m = 8 * jt + 2 * t + (e & 1), r = r0 + 8 * (e >> 1);
-      Sts32(base + (m * S::kCPitch + r) * 4, __float_as_uint(acc[jt][e] * Traits<V>::kAccScale));
+      Sts32(base + (m * S::kCPitch + r) * 4, __float_as_uint(acc[jt][e] * Traits<V, A>::kAccScale));
     }
   __syncthreads();
   float amax_run = 0.0f;
@@ -461,7 +566,7 @@ __device__ __forceinline__ void StoreTile(const Params& p, uint32_t base, const 
   FlushAmax(amax_run, p.amax, l);
 }
 
-template <int V, int MT>
+template <int V, int A, int MT>
 __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<MT>) SkinnyKernel(const __grid_constant__ Params p) {
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ uint32_t s_last;
@@ -492,10 +597,10 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<MT>) SkinnyKernel(cons
     for (int jt = 0; jt < MT; ++jt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[jt][e] = 0.0f;
-    const UnitCopies copies = SetUpCopies<V, MT>(p, l, n0);
+    const UnitCopies copies = SetUpCopies<V, A, MT>(p, l, n0);
 #pragma unroll
     for (int i = 0; i < kStages - 1; ++i) {
-      if (i < count) IssueStage<V, MT>(p, copies, base, i, first + i);
+      if (i < count) IssueStage<V, A, MT>(p, copies, base, i, first + i);
       CpAsyncCommit();
     }
 #pragma unroll 1
@@ -503,11 +608,11 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<MT>) SkinnyKernel(cons
       CpAsyncWait<kStages - 2>();
       __syncthreads();  // stage `it` has landed everywhere; every warp is done with stage it - 1's slot
       const int next = it + kStages - 1;
-      if (next < count) IssueStage<V, MT>(p, copies, base, next % kStages, first + next);
+      if (next < count) IssueStage<V, A, MT>(p, copies, base, next % kStages, first + next);
       CpAsyncCommit();
-      ConvertA<V, MT>(p, base, it % kStages);
+      ConvertA<V, A, MT>(p, base, it % kStages);
       __syncthreads();
-      ComputeStage<V, MT>(p, base, it % kStages, first + it, acc);
+      ComputeStage<V, A, MT>(p, base, it % kStages, first + it, acc);
     }
     CpAsyncWait<0>();  // only empty groups remain
 
@@ -546,7 +651,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<MT>) SkinnyKernel(cons
       reset_done = true;
       __syncthreads();  // also: every warp is done with the ring, which StoreTile reuses
     }
-    StoreTile<V, MT>(p, base, acc, l, n0);
+    StoreTile<V, A, MT>(p, base, acc, l, n0);
     __syncthreads();  // the staged tile is read before the next unit's copies overwrite the ring
   }
   if (tid == 0 && !reset_done) ResetWait(p.reset_word, reset_old);  // a CTA with no unit: the round still completes

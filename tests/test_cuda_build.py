@@ -233,9 +233,7 @@ def test_sm90a_kernels_use_no_local_memory(sm90_kernels):
 # ---------------------------------------------------------------------------------------------
 # The few-row kernel (ffi/cuda/skinny), built for every architecture of the build.
 
-# Block-scaled A: 4 operand formats x 4 token-tile widths; weight-only float16 and bfloat16 A: the
-# same, less FP4 at 64 tokens (its ring would not fit in shared memory).
-SKINNY_KERNELS = 16 + 2 * 14
+SKINNY_KERNELS = 3 * 16  # A block-scaled, float16, bfloat16 x 4 operand formats x 4 token-tile widths
 
 
 def _skinny_a_kind(name: str) -> int:

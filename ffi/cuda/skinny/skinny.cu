@@ -40,12 +40,9 @@ int AKindOf(const GemmAmaxProblem& p) {
 // Index of the token-tile count (kTokenTileCounts) that covers M.
 int TokenTileIndex(int64_t m) { return m <= 8 ? 0 : m <= 16 ? 1 : m <= 32 ? 2 : 3; }
 
-// Rows of A the kernels of variant v and A kind a take (Built).
-int64_t MaxM(int v, int a) { return Built(v, a, 8) ? kMaxM : kMaxM / 2; }
-
 template <int A, int V>
 constexpr std::array<int, kTokenTileIndices> SmemRow() {
-  return {SmemBytesOf<V, A, 1>(), SmemBytesOf<V, A, 2>(), SmemBytesOf<V, A, 4>(), SmemBytesOf<V, A, 8>()};
+  return {Smem<V, A, 1>::kBytes, Smem<V, A, 2>::kBytes, Smem<V, A, 4>::kBytes, Smem<V, A, 8>::kBytes};
 }
 template <int A>
 constexpr std::array<std::array<int, kTokenTileIndices>, kVariants> SmemKind() {
@@ -100,8 +97,7 @@ bool PreparedOn(int dev) { return g_sms[dev].load(std::memory_order_acquire) > 0
 
 bool Accepts(const GemmAmaxProblem& p) {
   if (ContractViolation(p) != nullptr) return false;
-  const int v = VariantOf(p);
-  if (v < 0 || p.m > MaxM(v, AKindOf(p))) return false;
+  if (VariantOf(p) < 0 || p.m > kMaxM) return false;
   // 32-bit indices: rows, row bytes, units, and element offsets of C's pairs within a batch item.
   return p.n < (1ll << 30) && p.a_row_bytes() < (1ll << 30) && p.batch < (1 << 20) && Tiles(p) * kMaxSplits < INT_MAX;
 }

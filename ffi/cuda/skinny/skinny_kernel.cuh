@@ -37,12 +37,14 @@
 // CTA's first atomic by the reset word's round (ResetArrive / ResetWait): a cooperative launch.
 //
 // Weight-only (AKind kAF16 / kABF16): A is unscaled 16-bit activations, copied through the same
-// ring (2 bytes per element: 256 bytes of A per 128 bytes of FP8 codes, 512 per 128 bytes of FP4)
-// and moved by ConvertA into the MMA's fragment order with the K permutation that Decode gives B.
-// An f16 A meets B's f16 codes on the f16 MMA; a bf16 A takes the bf16 MMA, with B's registers
-// widened f16 -> f32, multiplied back to their value (fp4's 2^-14 undone, so that a small activation
-// cannot underflow against it) and narrowed to bf16: exact, NaN and Inf kept. The group path scales
-// block sums by SFB alone.
+// ring (2 bytes per element: 256 bytes of A per 128 bytes of FP8 codes, 512 per 128 bytes of FP4;
+// rows past M zero-filled) and read by the MMAs in place (AFragments: 8 bytes as they lie for FP8,
+// 16 bytes paired by PRMT for FP4, in Decode's K order), so there is no conversion pass and one
+// barrier per stage. An f16 A meets B's f16 codes on the f16 MMA; a bf16 A takes the bf16 MMA:
+// MXFP4 codes decode straight to bf16 at their value (DecodeFp4BF16), the other formats' f16
+// registers are widened to f32, multiplied back to their value (NVFP4's 2^-7 undone) and narrowed
+// to bf16 (ToBF16); exact, NaN and Inf kept, and a small activation cannot underflow against an
+// offset. The group path scales block sums by SFB alone.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -105,7 +107,8 @@ struct Smem {
   static constexpr int kASlot = kTokens * Tr::kAStageBytes;
   static constexpr int kSfSlot = Tr::kBlocksPerStage * 512;
   static constexpr int kSfaSlot = Tr::kWeightOnly ? 0 : kSfSlot;
-  static constexpr int kConvA = Tr::kSteps * MT * 32 * 8;  // [step][token tile][lane] x 2 f16x2
+  // [step][token tile][lane] x 2 f16x2; a 16-bit A is read from the ring in fragment order instead.
+  static constexpr int kConvA = Tr::kWeightOnly ? 0 : Tr::kSteps * MT * 32 * 8;
   static constexpr int kScaleA =
       Tr::kFolded || Tr::kWeightOnly ? 0 : Tr::kGroupsPerStage * kTokens * 4;  // [group][token] fp32
   static constexpr int kOffA = kStages * kBSlot;
@@ -119,10 +122,6 @@ struct Smem {
   static constexpr int kCPitch = kTileN + 4;
   static_assert(kTokens * kCPitch * 4 <= kStages * kBSlot, "C staging fits the B ring");
 };
-
-// Whether the kernel of variant V, A kind A and MT token tiles exists: a weight-only FP4 ring of 64
-// tokens would need ~244 KB of shared memory, so FP4 weight-only problems take at most 32 tokens.
-constexpr bool Built(int v, int a, int mt) { return !(a != kAScaled && (v == kMXFP4 || v == kNVFP4) && mt == 8); }
 
 // Minimum CTAs per SM the kernel is compiled for (register budget: 128 per thread at 2).
 template <int MT>
@@ -216,6 +215,19 @@ __device__ __forceinline__ void Decode(uint32_t w, uint32_t (&h)[Traits<V, kASca
       const uint32_t x = w >> (4 * i);
       h[i] = ((x << 9) & 0x0E000E00u) | ((x << 12) & 0x80008000u);
     }
+  }
+}
+
+// e2m1 nibbles i and i + 4 straight to bf16x2 at their value: sign << 15 | magnitude << 6 is
+// value * 2^-126 (the exponent-0 code 0.5 a bf16 subnormal), times 2^126 by an fma (subnormals
+// kept) with -0 added (a zero keeps its sign). For the bf16 MMA, in place of Decode + ToBF16.
+constexpr uint32_t kBF16x2Pow126 = 0x7E807E80u;
+constexpr uint32_t kBF16x2NegZero = 0x80008000u;
+__device__ __forceinline__ void DecodeFp4BF16(uint32_t w, uint32_t (&h)[4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t x = w >> (4 * i), v = ((x << 6) & 0x01C001C0u) | ((x << 12) & 0x80008000u);
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(h[i]) : "r"(v), "r"(kBF16x2Pow126), "r"(kBF16x2NegZero));
   }
 }
 
@@ -319,9 +331,12 @@ __device__ __forceinline__ void IssueStage(const Params& p, const UnitCopies& u,
   const bool ak_ok = static_cast<int>(akoff) + ac * 16 < ARowBytes<V, A>(p);
   const uint32_t dst_a = base + S::kOffA + slot * S::kASlot + ar * Tr::kAStageBytes + ((ac ^ (ar & 7)) << 4);
 #pragma unroll
-  for (int j = 0; j < (S::kTokens + kRowsPerPass - 1) / kRowsPerPass; ++j)
-    if (ar + kRowsPerPass * j < p.m)
-      CpAsync16(dst_a + j * kRowsPerPass * Tr::kAStageBytes, ak_ok ? u.a + akoff + j * apass : p.a, ak_ok ? 16u : 0u);
+  for (int j = 0; j < (S::kTokens + kRowsPerPass - 1) / kRowsPerPass; ++j) {
+    // A 16-bit A is read from the ring by the MMAs: its rows past M are zero-filled.
+    const bool row_ok = ar + kRowsPerPass * j < p.m, ok = ak_ok && row_ok;
+    if (row_ok || (Tr::kWeightOnly && ar + kRowsPerPass * j < S::kTokens))
+      CpAsync16(dst_a + j * kRowsPerPass * Tr::kAStageBytes, ok ? u.a + akoff + j * apass : p.a, ok ? 16u : 0u);
+  }
   if (u.sf != nullptr) {  // scale blocks: B's tile (row block n0 / 128), A's first row block (M <= 64)
     const int ch = tid & 127;
     const bool ok = stage * kBlocks + (ch >> 5) < p.k_blocks;
@@ -330,17 +345,16 @@ __device__ __forceinline__ void IssueStage(const Params& p, const UnitCopies& u,
   }
 }
 
-// A of one stage into the fragment buffer: item (token m, chunk c, thread slot t) puts the A
-// values that meet B's bytes 16c + 4t..16c + 4t + 3 (Decode's order) into the B-operand registers
-// (b0, b1) of k-step(s) of chunk c that lane (m % 8) * 4 + t of every warp reads for token tile
-// m / 8. Tokens past M are zero. Scaled A: its codes through Decode; the group path also writes
-// A's scales as fp32 [group][token] (1 for tokens past M). 16-bit A: FP8 B's chunk c meets
-// elements 16c + 4t.. (8 bytes), FP4's meets 32c + 8t.. (16 bytes), paired i, i + 4 as Decode
-// pairs nibbles.
+// A of one stage into the fragment buffer (block-scaled A only; a 16-bit A is read in place,
+// AFragments): item (token m, chunk c, thread slot t) decodes A's 4 bytes at 16c + 4t of row m
+// into the B-operand registers (b0, b1) of k-step(s) of chunk c that lane (m % 8) * 4 + t of
+// every warp reads for token tile m / 8. Tokens past M are zero. The group path also writes A's
+// scales as fp32 [group][token] (1 for tokens past M).
 template <int V, int A, int MT>
 __device__ __forceinline__ void ConvertA(const Params& p, uint32_t base, int slot) {
   using S = Smem<V, A, MT>;
   using Tr = Traits<V, A>;
+  static_assert(!Tr::kWeightOnly, "a 16-bit A needs no conversion");
   const int tid = threadIdx.x;
   const uint32_t raw = base + S::kOffA + slot * S::kASlot, sfa = base + S::kOffSfa + slot * S::kSfSlot;
   const uint32_t conv = base + S::kOffConv;
@@ -352,36 +366,41 @@ __device__ __forceinline__ void ConvertA(const Params& p, uint32_t base, int slo
 #pragma unroll
     for (int x = 0; x < Tr::kHalves; ++x) h[x] = 0u;
     if (m < p.m) {
-      const uint32_t row = raw + m * Tr::kAStageBytes;
-      if constexpr (Tr::kWeightOnly && !Tr::kFp4) {
-        const uint2 v = Lds64(row + (((2 * c + (t >> 1)) ^ (m & 7)) << 4) + 8 * (t & 1));
-        h[0] = v.x;
-        h[1] = v.y;
-      } else if constexpr (Tr::kWeightOnly) {
-        const uint4 v = Lds128(row + (((4 * c + t) ^ (m & 7)) << 4));
-        h[0] = __byte_perm(v.x, v.z, 0x5410);
-        h[1] = __byte_perm(v.x, v.z, 0x7632);
-        h[2] = __byte_perm(v.y, v.w, 0x5410);
-        h[3] = __byte_perm(v.y, v.w, 0x7632);
-      } else {
-        Decode<V>(Lds32(row + ((c ^ (m & 7)) << 4) + 4 * t), h);
-        if constexpr (Tr::kFolded) {  // group 2c + t / 2 of the stage: block c / 2, byte 2 (c % 2) + t / 2
-          const uint32_t s = ScaleHalf2(Lds8(sfa + (c >> 1) * 512 + BlockOffset(m, 2 * (c & 1) + (t >> 1))));
+      Decode<V>(Lds32(raw + m * 128 + ((c ^ (m & 7)) << 4) + 4 * t), h);
+      if constexpr (Tr::kFolded) {  // group 2c + t / 2 of the stage: block c / 2, byte 2 (c % 2) + t / 2
+        const uint32_t s = ScaleHalf2(Lds8(sfa + (c >> 1) * 512 + BlockOffset(m, 2 * (c & 1) + (t >> 1))));
 #pragma unroll
-          for (int x = 0; x < Tr::kHalves; ++x) h[x] = Hmul2(Hmul2(h[x], kHalf2Pow14), s);
-        }
+        for (int x = 0; x < Tr::kHalves; ++x) h[x] = Hmul2(Hmul2(h[x], kHalf2Pow14), s);
       }
     }
 #pragma unroll
     for (int s = 0; s < Tr::kStepsPerChunk; ++s)
       Sts64(conv + (((c * Tr::kStepsPerChunk + s) * MT + (m >> 3)) * 32 + (m & 7) * 4 + t) * 8, h[2 * s], h[2 * s + 1]);
   }
-  if constexpr (!Tr::kFolded && !Tr::kWeightOnly) {
+  if constexpr (!Tr::kFolded) {
     for (int i = tid; i < Tr::kGroupsPerStage * S::kTokens; i += kThreads) {
       const int gi = i / S::kTokens, m = i % S::kTokens;
       const float f = m < p.m ? E8M0Float(Lds8(sfa + (gi >> 2) * 512 + BlockOffset(m, gi & 3))) : 1.0f;
       Sts32(base + S::kOffScaleA + i * 4, __float_as_uint(f));
     }
+  }
+}
+
+// A 16-bit A's B-operand registers (b0, b1) of k-steps step0 and step0 + 1 for this lane (token
+// row `row` of the ring slot, thread slot t = lane % 4), read in place: they must hold the values
+// that meet B's bytes 16c + 4t..16c + 4t + 3 in Decode's order. FP8: chunk c = step0 + s meets
+// elements 16c + 4t.. (8 bytes, as they are); FP4: chunk c = step0 / 2 meets 32c + 8t.. (16 bytes),
+// paired i, i + 4 as Decode pairs nibbles.
+template <int V, int A>
+__device__ __forceinline__ void AFragments(uint32_t row, int step0, int lane, uint2 (&b)[2]) {
+  const int g = lane >> 2, t = lane & 3;
+  if constexpr (!Traits<V, A>::kFp4) {
+#pragma unroll
+    for (int s = 0; s < 2; ++s) b[s] = Lds64(row + (((2 * (step0 + s) + (t >> 1)) ^ g) << 4) + 8 * (t & 1));
+  } else {
+    const uint4 v = Lds128(row + (((2 * step0 + t) ^ g) << 4));
+    b[0] = make_uint2(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632));
+    b[1] = make_uint2(__byte_perm(v.y, v.w, 0x5410), __byte_perm(v.y, v.w, 0x7632));
   }
 }
 
@@ -432,35 +451,47 @@ __device__ __forceinline__ void AddGroup(float (&acc)[MT][4], const float (&blk)
 }
 
 // The MMAs of one 16-byte chunk's two k-steps (step0, step0 + 1 of the stage) against every token
-// tile: a[s] is k-step s's fragment of B's rows, the tokens' fragments come from the converted A.
-template <int A, int MT>
-__device__ __forceinline__ void MmaChunk(float (&d)[MT][4], const uint32_t (&a)[2][4], uint32_t conv, int step0,
+// tile: a[s] is k-step s's fragment of B's rows, the tokens' fragments come from the converted A
+// (abuf: the fragment buffer) or, for a 16-bit A, from its ring slot (abuf: the slot).
+template <int V, int A, int MT>
+__device__ __forceinline__ void MmaChunk(float (&d)[MT][4], const uint32_t (&a)[2][4], uint32_t abuf, int step0,
                                          int lane) {
 #pragma unroll
-  for (int jt = 0; jt < MT; ++jt)
+  for (int jt = 0; jt < MT; ++jt) {
+    uint2 b[2];
+    if constexpr (Traits<V, A>::kWeightOnly) {
+      AFragments<V, A>(abuf + (8 * jt + (lane >> 2)) * Traits<V, A>::kAStageBytes, step0, lane, b);
+    } else {
+#pragma unroll
+      for (int s = 0; s < 2; ++s) b[s] = Lds64(abuf + (((step0 + s) * MT + jt) * 32 + lane) * 8);
+    }
 #pragma unroll
     for (int s = 0; s < 2; ++s) {
-      const uint2 b = Lds64(conv + (((step0 + s) * MT + jt) * 32 + lane) * 8);
-      if constexpr (A == kABF16) MmaBF16(d[jt], a[s], b);
-      else Mma(d[jt], a[s], b);
+      if constexpr (A == kABF16) MmaBF16(d[jt], a[s], b[s]);
+      else Mma(d[jt], a[s], b[s]);
     }
+  }
 }
 
 // A group's block sums: the chunk's MMAs into zeroed accumulators (AddGroup scales and adds them).
-template <int A, int MT>
-__device__ __forceinline__ void BlockSums(float (&blk)[MT][4], const uint32_t (&a)[2][4], uint32_t conv, int step0,
+template <int V, int A, int MT>
+__device__ __forceinline__ void BlockSums(float (&blk)[MT][4], const uint32_t (&a)[2][4], uint32_t abuf, int step0,
                                           int lane) {
 #pragma unroll
   for (int jt = 0; jt < MT; ++jt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) blk[jt][e] = 0.0f;
-  MmaChunk<A, MT>(blk, a, conv, step0, lane);
+  MmaChunk<V, A, MT>(blk, a, abuf, step0, lane);
 }
+
+// Whether B's FP4 codes decode straight to bf16 (DecodeFp4BF16): MXFP4 against a bf16 A.
+template <int V, int A>
+constexpr bool kDecodeToBF16 = V == kMXFP4 && A == kABF16;
 
 // B's decoded registers as the MMA takes them: f16 as they are, bf16 at their value (ToBF16).
 template <int V, int A>
 __device__ __forceinline__ void ToMmaType(uint32_t (&a)[2][4]) {
-  if constexpr (A == kABF16) {
+  if constexpr (A == kABF16 && !kDecodeToBF16<V, A>) {
 #pragma unroll
     for (int s = 0; s < 2; ++s)
 #pragma unroll
@@ -477,7 +508,8 @@ __device__ __forceinline__ void ComputeStage(const Params& p, uint32_t base, int
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = lane & 3;
   const int r0 = warp * 16 + (lane >> 2);  // this thread's rows of the tile: r0, r0 + 8
   const uint32_t bslot = base + slot * S::kBSlot, sfb = base + S::kOffSfb + slot * S::kSfSlot;
-  const uint32_t conv = base + S::kOffConv, scale_a = base + S::kOffScaleA;
+  const uint32_t scale_a = base + S::kOffScaleA;
+  const uint32_t abuf = Tr::kWeightOnly ? base + S::kOffA + slot * S::kASlot : base + S::kOffConv;
   const int lrow = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;  // the row this lane addresses
   uint32_t wb[Tr::kBlocksPerStage][2];                              // B's scale bytes of 4 groups, rows r0 and r0 + 8
 #pragma unroll
@@ -499,7 +531,7 @@ __device__ __forceinline__ void ComputeStage(const Params& p, uint32_t base, int
       uint32_t a[2][4] = {{h[0][0], h[1][0], h[0][1], h[1][1]}, {h[2][0], h[3][0], h[2][1], h[3][1]}};
       ToMmaType<V, A>(a);
       float blk[MT][4];
-      BlockSums<A, MT>(blk, a, conv, 2 * cp, lane);
+      BlockSums<V, A, MT>(blk, a, abuf, 2 * cp, lane);
       const int kb = cp >> 2, j = cp & 3;  // group cp of the stage (kBlocksPerStage = 1)
       AddGroup<V, A, MT>(acc, blk, (wb[kb][0] >> (8 * j)) & 0xFFu, (wb[kb][1] >> (8 * j)) & 0xFFu,
                          scale_a + cp * S::kTokens * 4, t);
@@ -509,9 +541,14 @@ __device__ __forceinline__ void ComputeStage(const Params& p, uint32_t base, int
         const int chunk = 2 * cp + half;
         if (half == 1 && kbyte0 + chunk * 16 >= p.row_bytes) break;
         uint32_t h0[4], h1[4];
-        Decode<V>(r[2 * half], h0);
-        Decode<V>(r[2 * half + 1], h1);
-        // k-step s of the chunk: rows r0 (h0) and r0 + 8 (h1), each as two f16x2 registers.
+        if constexpr (kDecodeToBF16<V, A>) {
+          DecodeFp4BF16(r[2 * half], h0);
+          DecodeFp4BF16(r[2 * half + 1], h1);
+        } else {
+          Decode<V>(r[2 * half], h0);
+          Decode<V>(r[2 * half + 1], h1);
+        }
+        // k-step s of the chunk: rows r0 (h0) and r0 + 8 (h1), each as two f16x2 (bf16x2) registers.
         uint32_t a[2][4] = {{h0[0], h1[0], h0[1], h1[1]}, {h0[2], h1[2], h0[3], h1[3]}};
         if constexpr (Tr::kFolded) {
           // This thread's group is 2 chunk + t / 2: block chunk / 2, byte 2 (chunk % 2) + t / 2.
@@ -523,11 +560,11 @@ __device__ __forceinline__ void ComputeStage(const Params& p, uint32_t base, int
 #pragma unroll
             for (int x = 0; x < 4; ++x) a[s][x] = Hmul2(a[s][x], (x & 1) ? s1 : s0);
           ToMmaType<V, A>(a);
-          MmaChunk<A, MT>(acc, a, conv, 2 * chunk, lane);
+          MmaChunk<V, A, MT>(acc, a, abuf, 2 * chunk, lane);
         } else {  // one 32-group per chunk
           ToMmaType<V, A>(a);
           float blk[MT][4];
-          BlockSums<A, MT>(blk, a, conv, 2 * chunk, lane);
+          BlockSums<V, A, MT>(blk, a, abuf, 2 * chunk, lane);
           const int kb = chunk >> 2, sh = 8 * (chunk & 3);
           AddGroup<V, A, MT>(acc, blk, (wb[kb][0] >> sh) & 0xFFu, (wb[kb][1] >> sh) & 0xFFu,
                              scale_a + chunk * S::kTokens * 4, t);
@@ -610,8 +647,10 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<MT>) SkinnyKernel(cons
       const int next = it + kStages - 1;
       if (next < count) IssueStage<V, A, MT>(p, copies, base, next % kStages, first + next);
       CpAsyncCommit();
-      ConvertA<V, A, MT>(p, base, it % kStages);
-      __syncthreads();
+      if constexpr (!Traits<V, A>::kWeightOnly) {
+        ConvertA<V, A, MT>(p, base, it % kStages);
+        __syncthreads();
+      }
       ComputeStage<V, A, MT>(p, base, it % kStages, first + it, acc);
     }
     CpAsyncWait<0>();  // only empty groups remain

@@ -1,6 +1,6 @@
 // The few-row kernel's instantiations of one A kind: their configuration (shared-memory limit,
 // occupancy) and launch. Each A kind is compiled in its own translation unit (skinny_<kind>.cu),
-// so that the 44 kernels of an architecture build in parallel.
+// so that the 48 kernels of an architecture build in parallel.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -12,15 +12,8 @@ namespace skinny {
 
 constexpr int kTokenTileIndices = 4;  // kTokenTileCounts
 
-// Shared memory of one instantiation (0 where it is not built).
-template <int V, int A, int MT>
-constexpr int SmemBytesOf() {
-  if constexpr (Built(V, A, MT)) return Smem<V, A, MT>::kBytes;
-  else return 0;
-}
-
 // Sets the shared-memory limits of A's kernels on the current device and reads their occupancy
-// into ctas[v][mt index] (0 where not built).
+// into ctas[v][mt index].
 template <int A>
 cudaError_t ConfigureKind(int (&ctas)[kVariants][kTokenTileIndices]);
 
@@ -31,19 +24,15 @@ cudaError_t LaunchKind(int v, int mt_index, const Params& params, int grid, cuda
 #if defined(__CUDACC__)
 template <int V, int A, int MT>
 cudaError_t Configure(int& ctas) {
+  const auto kernel = SkinnyKernel<V, A, MT>;
+  constexpr int kBytes = Smem<V, A, MT>::kBytes;
   ctas = 0;
-  if constexpr (Built(V, A, MT)) {
-    const auto kernel = SkinnyKernel<V, A, MT>;
-    constexpr int kBytes = Smem<V, A, MT>::kBytes;
-    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes);
-    if (err == cudaSuccess)
-      err =
-          cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
-    if (err == cudaSuccess) err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, kThreads, kBytes);
-    if (err != cudaSuccess) return err;
-    if (ctas <= 0) return cudaErrorInvalidConfiguration;
-  }
-  return cudaSuccess;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes);
+  if (err == cudaSuccess)
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+  if (err == cudaSuccess) err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, kThreads, kBytes);
+  if (err != cudaSuccess) return err;
+  return ctas > 0 ? cudaSuccess : cudaErrorInvalidConfiguration;
 }
 
 template <int V, int A>
@@ -66,22 +55,18 @@ cudaError_t ConfigureKind(int (&ctas)[kVariants][kTokenTileIndices]) {
 
 template <int V, int A, int MT>
 cudaError_t LaunchKernel(const Params& params, int grid, cudaStream_t stream) {
-  if constexpr (!Built(V, A, MT)) {
-    return cudaErrorInvalidValue;
-  } else {
-    // Cooperative: the zeroing round needs every CTA resident (the grid is capped at the occupancy).
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeCooperative;
-    attr[0].val.cooperative = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(static_cast<unsigned>(grid), 1, 1);
-    cfg.blockDim = dim3(kThreads, 1, 1);
-    cfg.dynamicSmemBytes = Smem<V, A, MT>::kBytes;
-    cfg.stream = stream;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    return cudaLaunchKernelEx(&cfg, SkinnyKernel<V, A, MT>, params);
-  }
+  // Cooperative: the zeroing round needs every CTA resident (the grid is capped at the occupancy).
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeCooperative;
+  attr[0].val.cooperative = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(grid), 1, 1);
+  cfg.blockDim = dim3(kThreads, 1, 1);
+  cfg.dynamicSmemBytes = Smem<V, A, MT>::kBytes;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, SkinnyKernel<V, A, MT>, params);
 }
 
 template <int V, int A>

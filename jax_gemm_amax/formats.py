@@ -86,8 +86,8 @@ def pack_fp4(codes):
 
 def unpack_fp4(packed):
     """(..., K // 2) uint8 -> (..., K) e2m1 codes. Element k is byte k // 2 shifted by 4 (k % 2):
-    a broadcast XLA fuses into the consumer, where stacking the two nibbles and reshaping made the
-    weight-only path's decode of a whole FP4 weight take ~1.9x as long (H100)."""
+    a broadcast XLA fuses into the consumer; stacking the two nibbles and reshaping made the
+    weight-only XLA path take 1.7x the time (128x28672x8192, H100)."""
     both = jnp.repeat(packed, 2, axis=-1)
     shift = (jnp.arange(both.shape[-1], dtype=jnp.uint8) & 1) * 4
     return (both >> shift) & 0xF

@@ -203,9 +203,8 @@ def weight_only_sum(a, b, sfb, sf_vec_size):
     per-group sum of :func:`reference_gemm_amax`. What the CUDA platform runs (through XLA)."""
 
     def dot():
-        # Dequantized inside the branch: computed before the lax.cond, the product would be an
-        # operand of it, materialized in fp32 (twice the bytes of the bf16 copy the dot's fusion
-        # writes; the whole call took 1.7x the time at 128x28672x8192 on an H100).
+        # Dequantized inside the branch: computed before the lax.cond, the product is an operand
+        # of it, materialized in fp32 (the call took 1.8x the time at 128x28672x8192, H100).
         values = formats.operand_values(b)
         groups = values.shape[-1] // sf_vec_size
         scales = formats.decode_scales(plain_from_physical(sfb, b.shape[1], groups))

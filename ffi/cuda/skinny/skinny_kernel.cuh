@@ -40,11 +40,12 @@
 // ring (2 bytes per element: 256 bytes of A per 128 bytes of FP8 codes, 512 per 128 bytes of FP4;
 // rows past M zero-filled) and read by the MMAs in place (AFragments: 8 bytes as they lie for FP8,
 // 16 bytes paired by PRMT for FP4, in Decode's K order), so there is no conversion pass and one
-// barrier per stage. An f16 A meets B's f16 codes on the f16 MMA; a bf16 A takes the bf16 MMA:
-// MXFP4 codes decode straight to bf16 at their value (DecodeFp4BF16), the other formats' f16
-// registers are widened to f32, multiplied back to their value (NVFP4's 2^-7 undone) and narrowed
-// to bf16 (ToBF16); exact, NaN and Inf kept, and a small activation cannot underflow against an
-// offset. The group path scales block sums by SFB alone.
+// barrier per stage (a conversion pass into a fragment buffer, as for a block-scaled A, left no
+// shared memory for an FP4 ring of 64 tokens). An f16 A meets B's f16 codes on the f16 MMA; a
+// bf16 A takes the bf16 MMA: MXFP4 codes decode straight to bf16 at their value (DecodeFp4BF16),
+// the other formats' f16 registers are widened to f32, multiplied back to their value (NVFP4's
+// 2^-7 undone) and narrowed to bf16 (ToBF16); exact, NaN and Inf kept, and a small activation
+// cannot underflow against an offset. The group path scales block sums by SFB alone.
 #pragma once
 
 #include <cuda_fp16.h>

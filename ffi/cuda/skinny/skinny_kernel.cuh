@@ -92,8 +92,9 @@ struct Traits {
   static constexpr int kAStageBytes = kWeightOnly ? 2 * (kFp4 ? 2 : 1) * kStageBytes : kStageBytes;  // 128, 256, 512
   static constexpr int kAChunks = kAStageBytes / 16;  // 16-byte chunks of A per token and stage
   // B decodes to f16 as value * 2^-14 (fp4) or value * scale * 2^-7 (NVFP4); the bf16 MMA takes B
-  // at its value (ToBF16 multiplies by kBOffset).
-  static constexpr float kBOffset = kFolded ? 128.0f : kFp4 ? 16384.0f : 1.0f;
+  // at its value: ToBF16 multiplies FP8 and NVFP4 registers by kBOffset, MXFP4 decodes straight
+  // to bf16 (DecodeFp4BF16).
+  static constexpr float kBOffset = kFolded ? 128.0f : 1.0f;
   // The group path's block sums carry fp4's 2^-14 once per f16 operand: 2^-28 with both scaled,
   // 2^-14 with an f16 A, none with a bf16 A. NVFP4's sums carry 2^-7 except on the bf16 MMA.
   static constexpr float kBlockScale = !kFp4 || kBF16 ? 1.0f : kWeightOnly ? 16384.0f : 268435456.0f;

@@ -173,7 +173,7 @@ def decode_scales(scales):
     if dtype != np.dtype(np.uint8):
         scales = jax.lax.bitcast_convert_type(scales, jnp.uint8)
     code = scales.astype(jnp.int32)
-    return jnp.where(code == 255, jnp.nan, jnp.ldexp(jnp.float32(1.0), code - 127))
+    return jnp.where(code == 255, jnp.nan, exact_pow2(code - 127))
 
 
 def exact_pow2(k):

@@ -243,7 +243,7 @@ __device__ __forceinline__ void Decode(uint32_t w, uint32_t (&h)[Traits<V, kASca
 // e2m1 nibbles i and i + 4 straight to bf16x2 at their value: sign << 15 | magnitude << 6 is
 // value * 2^-126 (the exponent-0 code 0.5 a bf16 subnormal), times 2^126 by an fma (subnormals
 // kept) with -0 added (a zero keeps its sign). For the bf16 MMA, in place of Decode + ToBF16.
-// A folded stage multiplies by 2^126 x scale instead (BF16x2Pow2: the e8m0 byte's bf16 multiplier).
+// A folded stage multiplies by 2^126 x its scale instead (BF16x2Pow126Times).
 constexpr uint32_t kBF16x2Pow126 = 0x7E807E80u;
 constexpr uint32_t kBF16x2NegZero = 0x80008000u;
 __device__ __forceinline__ void DecodeFp4BF16(uint32_t w, uint32_t (&h)[4], uint32_t mul = kBF16x2Pow126) {

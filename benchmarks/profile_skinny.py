@@ -30,11 +30,8 @@ def main():
     w = jax.random.normal(jax.random.key(0), (n, k), jnp.float32) * 0.05
     qw, sw = jga.quantize(w, args.format)
     x = jax.random.normal(jax.random.key(1), (args.m, k), jnp.float32).astype(jnp.bfloat16)
-    if args.quantized_a:
-        qa, sa = jga.quantize(x, args.format)
-        f = jax.jit(lambda qw, sw: jga.gemm_amax(qa, qw, sa, sw, c_dtype=jnp.bfloat16))
-    else:
-        f = jax.jit(lambda qw, sw: jga.gemm_amax(x, qw, None, sw, c_dtype=jnp.bfloat16))
+    a, sa = jga.quantize(x, args.format) if args.quantized_a else (x, None)
+    f = jax.jit(lambda qw, sw: jga.gemm_amax(a, qw, sa, sw, c_dtype=jnp.bfloat16))
     for _ in range(args.calls):
         f(qw, sw).c.block_until_ready()
 

@@ -57,6 +57,19 @@ weight_only_cases = [  # (name, a dtype, b kind, scale dtype, sf_vec_size, m, n,
     ("few rows weight-only f16 x e4m3 batched -> f32", "float16", "e4m3", E8M0, 32, 64, 136, 1056, 2, "float32"),
     ("few rows weight-only bf16 x nvfp4 -> f32", "bfloat16", "fp4", E4M3, 16, 32, 256, 8192, 1, "float32"),
     ("few rows weight-only f16 x e5m2 K tail -> e4m3", "float16", "e5m2", E8M0, 32, 1, 144, 96, 1, "float8_e4m3fn"),
+    # scales within 2^-64..2^1: folded stages; 100 rows: two launches
+    (
+        "few rows weight-only bf16 x mxfp4 folded 100 rows batched -> bf16",
+        "bfloat16",
+        "fp4",
+        E8M0,
+        32,
+        100,
+        200,
+        2048,
+        2,
+        "bfloat16",
+    ),
 ]
 for name, a_dtype, kind, sf, sfv, m, n, k, batch, c_dtype in weight_only_cases:
     if only not in name:
@@ -64,6 +77,8 @@ for name, a_dtype, kind, sf, sfv, m, n, k, batch, c_dtype in weight_only_cases:
     a = rng.standard_normal((batch, m, k)).astype(a_dtype if a_dtype == "float16" else ml_dtypes.bfloat16)
     b = npref.random_operand(rng, batch, n, k, kind)
     sfb = npref.random_scales(rng, batch, n, k, sfv, sf)
+    if "folded" in name:
+        sfb = npref.physical_scales(rng.integers(100, 129, size=(batch, n, k // sfv)).astype(np.uint8), sf)
     f = jax.jit(
         lambda a, b, s, sfv=sfv, c_dtype=c_dtype: jga.gemm_amax(a, b, None, s, c_dtype=c_dtype, sf_vec_size=sfv)
     )

@@ -134,9 +134,12 @@ def test_batched_jit_and_vmap(rng):
         _check(jga.GemmAmaxResult(shared.c[i : i + 1], shared.amax[i]), a[i : i + 1], b[:1], sfb[:1], sfv)
 
 
-def test_amax_is_per_call(rng):
-    """amax is reset by every call: a small call after a large one reports its own."""
-    a, b, sfb, sfv = _problem(rng, "e4m3", "bfloat16", 8, 64, 128)
+@pytest.mark.parametrize("m", [8, 100])
+def test_amax_is_per_call(rng, m):
+    """amax is reset by every call: a small call after a large one reports its own. At 100 rows
+    the GPU runs two launches: the largest |C| in the first one's rows must survive the second."""
+    a, b, sfb, sfv = _problem(rng, "e4m3", "bfloat16", m, 64, 128)
+    a[0, :3] *= 4
     f = jax.jit(lambda a: jga.gemm_amax(a, b[0], None, sfb[0]))
     big = f(a[0] * ml_dtypes.bfloat16(64))
     small = f(a[0])
@@ -336,7 +339,7 @@ def test_sharded_matches_unsharded(rng, b_format, a_spec, b_spec):
 
 @pytest.mark.parametrize(
     "b_format,m,kernel",
-    [("e4m3", 1, True), ("e5m2", 64, True), ("e4m3", 65, False), ("mxfp4", 64, True), ("nvfp4", 65, False)],
+    [("e4m3", 1, True), ("e5m2", 65, True), ("e4m3", 128, True), ("e4m3", 129, False), ("nvfp4", 129, False)],
 )
 def test_cuda_lowering_picks_the_few_row_kernel_or_a_dot(rng, b_format, m, kernel):
     if not _ffi.BUILT_WITH_CUDA:
@@ -358,14 +361,18 @@ def test_weight_only_kernel_workspace_answers_per_problem():
     ws = _ffi.weight_only_kernel_workspace
     assert ws(1, 16, 8192, 8192, "bfloat16", "float8_e4m3fn", "float8_e8m0fnu", 32) > 0  # split-K partials
     assert ws(1, 16, 8192, 8192, "float16", "uint8", "float8_e4m3fn", 16) > 0
-    assert ws(1, 65, 8192, 8192, "bfloat16", "float8_e4m3fn", "float8_e8m0fnu", 32) == -1
-    assert ws(1, 64, 8192, 8192, "bfloat16", "uint8", "float8_e8m0fnu", 32) > 0
+    # up to 128 rows: one launch per 64, the workspace of a 64-row launch
+    wide = ws(1, 128, 8192, 8192, "bfloat16", "float8_e4m3fn", "float8_e8m0fnu", 32)
+    assert wide == ws(1, 64, 8192, 8192, "bfloat16", "float8_e4m3fn", "float8_e8m0fnu", 32) > 0
+    assert ws(1, 129, 8192, 8192, "bfloat16", "float8_e4m3fn", "float8_e8m0fnu", 32) == -1
+    assert ws(1, 100, 8192, 8192, "bfloat16", "uint8", "float8_e8m0fnu", 32) > 0
     assert ws(1, 8, 256, 256, "bfloat16", "uint8", "float8_e8m0fnu", 16) == -1  # FP4 e8m0 per 16: no kernel
     with pytest.raises(ValueError, match="bfloat16 or float16"):
         ws(1, 8, 256, 256, "float32", "float8_e4m3fn", "float8_e8m0fnu", 32)
 
 
-GPU_CASES = [(b, a, m) for b in sorted(B_FORMATS) for a in sorted(A_DTYPES) for m in (1, 7, 16, 33, 64, 300)]
+# 100 and 128 rows: two launches (64 + 36, 64 + 64); 300: XLA's dot
+GPU_CASES = [(b, a, m) for b in sorted(B_FORMATS) for a in sorted(A_DTYPES) for m in (1, 7, 16, 33, 64, 100, 128, 300)]
 
 
 @pytest.mark.skipif(not on_gpu(), reason="needs a GPU")
@@ -392,6 +399,36 @@ def test_gpu_few_row_kernel_split_k_batches_and_k_tail(rng, b_format, a_dtype):
         a, b, sfb, sfv = _problem(rng, b_format, a_dtype, m, n, k, batch=batch)
         f = jax.jit(lambda *x, sfv=sfv: jga.gemm_amax(*x, sf_vec_size=sfv))
         _check(f(a, b, None, sfb), a, b, sfb, sfv)
+
+
+@pytest.mark.skipif(not on_gpu(), reason="needs a GPU")
+@pytest.mark.parametrize("b_format", ["e4m3", "e5m2", "mxfp4"])
+@pytest.mark.parametrize("m", [1, 16, 64])
+def test_gpu_folded_and_group_path_stages(rng, b_format, m):
+    """bf16 a: stages whose scale bytes all lie in 2^-64..2^1 (bounds included) fold the scales
+    into B; a stage holding one byte outside (2^-65, 2^2, 0, NaN) takes the group path. With
+    K = 4096 one row's stages alternate, and rows past N (zero-padded scales) must not matter."""
+    n, k = 200, 4096
+    a, b, _, sfv = _problem(rng, b_format, "bfloat16", m, n, k, batch=2)
+    groups = k // sfv
+    codes = rng.integers(63, 129, size=(2, n, groups)).astype(np.uint8)
+    codes[:, :, ::7] = 63
+    codes[:, :, 3::7] = 128
+    per_stage = 4 if b_format != "mxfp4" else 8  # 32-groups in a 128-byte stage of B
+    for i, byte in enumerate((62, 129, 0, 0xFF)):  # one in stage 1, 3, 5, 7 of a row each
+        codes[i % 2, 17 + 50 * i, (2 * i + 1) * per_stage + 1] = byte
+    sfb = npref.physical_scales(codes, E8M0)
+    f = jax.jit(lambda *x: jga.gemm_amax(*x))
+    gpu = f(a, b, None, sfb)
+    with jax.default_device(CPU):
+        cpu = f(a, b, None, sfb)
+    c_gpu, c_cpu = np.asarray(gpu.c), np.asarray(cpu.c)
+    want, abssum, _ = oracle(a, b, sfb, sfv)
+    finite = np.isfinite(want)
+    npref.assert_c_close(c_gpu, "float32", want, abssum, where=finite)
+    np.testing.assert_array_equal(np.isnan(c_gpu), ~finite)
+    assert (~finite[1, :, 17 + 150]).all() and np.isnan(float(gpu.amax))
+    assert np.all(np.abs(c_gpu[finite] - c_cpu[finite]) <= 4e-5 * abssum[finite] + 1e-30)
 
 
 @pytest.mark.skipif(not on_gpu(), reason="needs a GPU")

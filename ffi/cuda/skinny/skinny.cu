@@ -93,11 +93,55 @@ Plan MakePlan(const GemmAmaxProblem& p, int sms, int ctas_per_sm, size_t workspa
 
 bool PreparedOn(int dev) { return g_sms[dev].load(std::memory_order_acquire) > 0; }
 
+// One launch for p.m <= kMaxM rows of A and C at buf.a / buf.c (`rows`: rows of A and C per batch item).
+cudaError_t LaunchRows(const GemmAmaxProblem& p, const GemmAmaxBuffers& buf, int64_t rows, bool zero_amax, int v, int a,
+                       int dev, void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                       unsigned int* reset_word) {
+  const int mt_index = TokenTileIndex(p.m);
+  const Plan plan = MakePlan(p, g_sms[dev].load(std::memory_order_acquire),
+                             g_ctas_per_sm[dev][a][v][mt_index].load(std::memory_order_acquire), workspace_bytes);
+
+  Params k{};
+  k.a = static_cast<const uint8_t*>(buf.a);
+  k.b = static_cast<const uint8_t*>(buf.b);
+  k.sfa = static_cast<const uint8_t*>(buf.sfa);
+  k.sfb = static_cast<const uint8_t*>(buf.sfb);
+  k.c = buf.c;
+  k.amax = buf.amax;
+  k.zero_amax = zero_amax;
+  k.m = static_cast<int>(p.m);
+  k.rows = static_cast<int>(rows);
+  k.n = static_cast<int>(p.n);
+  k.l = static_cast<int>(p.batch);
+  k.row_bytes = static_cast<int>(p.operand_row_bytes());
+  k.a_row_bytes = static_cast<int>(p.a_row_bytes());
+  k.k_blocks = static_cast<int>(p.k_blocks());
+  k.sfa_batch_stride = p.weight_only() ? 0 : p.scale_batch_stride(p.m);
+  k.sfb_batch_stride = p.scale_batch_stride(p.n);
+  k.c_type = static_cast<int>(p.c_type);
+  k.tiles_n = static_cast<int>(CeilDiv(p.n, kTileN));
+  k.tiles = static_cast<int>(Tiles(p));
+  k.splits = plan.splits;
+  k.stages_per_split = plan.stages_per_split;
+  k.num_stages = static_cast<int>(Stages(p));
+  k.units = k.tiles * plan.splits;
+  if (plan.splits > 1) {
+    k.counters = static_cast<unsigned int*>(workspace);
+    k.partials = reinterpret_cast<float4*>(static_cast<uint8_t*>(workspace) + plan.counter_bytes);
+  }
+  k.reset_word = reset_word;
+  switch (a) {
+    case kAF16: return LaunchKind<kAF16>(v, mt_index, k, plan.grid, stream);
+    case kABF16: return LaunchKind<kABF16>(v, mt_index, k, plan.grid, stream);
+    default: return LaunchKind<kAScaled>(v, mt_index, k, plan.grid, stream);
+  }
+}
+
 }  // namespace
 
 bool Accepts(const GemmAmaxProblem& p) {
   if (ContractViolation(p) != nullptr) return false;
-  if (VariantOf(p) < 0 || p.m > kMaxM) return false;
+  if (VariantOf(p) < 0 || p.m > (p.weight_only() ? kMaxWeightOnlyM : kMaxM)) return false;
   // 32-bit indices: rows, row bytes, units, and element offsets of C's pairs within a batch item.
   return p.n < (1ll << 30) && p.a_row_bytes() < (1ll << 30) && p.batch < (1 << 20) && Tiles(p) * kMaxSplits < INT_MAX;
 }
@@ -168,42 +212,19 @@ cudaError_t Launch(const GemmAmaxProblem& p, const GemmAmaxBuffers& buf, void* w
     if (err == cudaSuccess) err = Prepare();
     if (err != cudaSuccess) return err;
   }
-  const int a = AKindOf(p), v = VariantOf(p), mt_index = TokenTileIndex(p.m);
-  const Plan plan = MakePlan(p, g_sms[dev].load(std::memory_order_acquire),
-                             g_ctas_per_sm[dev][a][v][mt_index].load(std::memory_order_acquire), workspace_bytes);
-
-  Params k{};
-  k.a = static_cast<const uint8_t*>(buf.a);
-  k.b = static_cast<const uint8_t*>(buf.b);
-  k.sfa = static_cast<const uint8_t*>(buf.sfa);
-  k.sfb = static_cast<const uint8_t*>(buf.sfb);
-  k.c = buf.c;
-  k.amax = buf.amax;
-  k.m = static_cast<int>(p.m);
-  k.n = static_cast<int>(p.n);
-  k.l = static_cast<int>(p.batch);
-  k.row_bytes = static_cast<int>(p.operand_row_bytes());
-  k.a_row_bytes = static_cast<int>(p.a_row_bytes());
-  k.k_blocks = static_cast<int>(p.k_blocks());
-  k.sfa_batch_stride = p.weight_only() ? 0 : p.scale_batch_stride(p.m);
-  k.sfb_batch_stride = p.scale_batch_stride(p.n);
-  k.c_type = static_cast<int>(p.c_type);
-  k.tiles_n = static_cast<int>(CeilDiv(p.n, kTileN));
-  k.tiles = static_cast<int>(Tiles(p));
-  k.splits = plan.splits;
-  k.stages_per_split = plan.stages_per_split;
-  k.num_stages = static_cast<int>(Stages(p));
-  k.units = k.tiles * plan.splits;
-  if (plan.splits > 1) {
-    k.counters = static_cast<unsigned int*>(workspace);
-    k.partials = reinterpret_cast<float4*>(static_cast<uint8_t*>(workspace) + plan.counter_bytes);
+  const int a = AKindOf(p), v = VariantOf(p);
+  // One launch per kMaxM rows of A (weight-only M > kMaxM), in order on the stream: the first
+  // zeroes amax, the others add to it; each takes the whole workspace in turn.
+  for (int64_t m0 = 0; m0 < p.m; m0 += kMaxM) {
+    GemmAmaxProblem slab = p;
+    slab.m = std::min(kMaxM, p.m - m0);
+    GemmAmaxBuffers at = buf;
+    at.a = static_cast<const uint8_t*>(buf.a) + m0 * p.a_row_bytes();
+    at.c = static_cast<uint8_t*>(buf.c) + m0 * p.c_row_bytes();
+    err = LaunchRows(slab, at, p.m, m0 == 0, v, a, dev, workspace, workspace_bytes, stream, reset_word);
+    if (err != cudaSuccess) return err;
   }
-  k.reset_word = reset_word;
-  switch (a) {
-    case kAF16: return LaunchKind<kAF16>(v, mt_index, k, plan.grid, stream);
-    case kABF16: return LaunchKind<kABF16>(v, mt_index, k, plan.grid, stream);
-    default: return LaunchKind<kAScaled>(v, mt_index, k, plan.grid, stream);
-  }
+  return cudaSuccess;
 }
 
 }  // namespace skinny

@@ -30,6 +30,9 @@
 // scales per 16): value x scale is exact in f16 (at most 6 significant bits, 2^-17..21 with B's
 // extra 2^-7), so the scales go into the conversion and the MMAs accumulate over all of K.
 //
+// Rows: one launch takes up to 64 tokens; the host runs a weight-only call of up to 128 as two
+// launches (Params::rows, zero_amax), each streaming B again.
+//
 // Split-K: every split stores its fp32 partial tile in the workspace and counts itself in; the
 // last to arrive adds the splits' partials in split order (deterministic) and runs the epilogue:
 // the tile staged through shared memory, C stored as pairs of columns, the NaN-propagating amax
@@ -45,7 +48,12 @@
 // bf16 A takes the bf16 MMA: MXFP4 codes decode straight to bf16 at their value (DecodeFp4BF16),
 // the other formats' f16 registers are widened to f32, multiplied back to their value (NVFP4's
 // 2^-7 undone) and narrowed to bf16 (ToBF16); exact, NaN and Inf kept, and a small activation
-// cannot underflow against an offset. The group path scales block sums by SFB alone.
+// cannot underflow against an offset. The group path scales block sums by SFB alone. A bf16 A
+// against e8m0 scales folds them where they are moderate (kFoldLo..kFoldHi, all of a stage's,
+// agreed by the CTA at the stage's barrier): B decodes to value x scale, one exact bf16, and the
+// MMAs accumulate the whole stage with no block sums, as NVFP4 does; the products are the group
+// path's, times the scale (C = a . dequant(b)^T). Other stages, and an f16 A (whose range holds
+// value x scale for too few scales), take the group path.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -99,7 +107,17 @@ struct Traits {
   // 2^-14 with an f16 A, none with a bf16 A. NVFP4's sums carry 2^-7 except on the bf16 MMA.
   static constexpr float kBlockScale = !kFp4 || kBF16 ? 1.0f : kWeightOnly ? 16384.0f : 268435456.0f;
   static constexpr float kAccScale = kFolded && !kBF16 ? 128.0f : 1.0f;
+  // A bf16 A against e8m0 scales folds them per stage where it can (ScalesFold): B at value x
+  // scale, one bf16 each, and the MMAs sum the whole stage into the accumulators.
+  static constexpr bool kFoldable = kBF16 && !kFolded;
+  static constexpr int kGroupBytes = kFp4 ? 16 : 32;  // bytes of B per 32-group
 };
+
+// The e8m0 bytes a folded stage takes: 2^-64..2^1. In it every code x scale is a bf16 number (at
+// most 4 significant bits, 2^-80..2^17) and its product with an activation of magnitude 2^-46..2^110
+// a normal fp32 number, so the stage's sum is the group path's up to the order of its roundings;
+// 2^1 is the largest multiplier DecodeFp4BF16 can take (bf16 2^127 on the code's 2^-126).
+constexpr uint32_t kFoldLo = 63, kFoldHi = 128;
 
 template <int V, int A, int MT>
 struct Smem {
@@ -136,7 +154,9 @@ struct Params {
   const uint8_t* sfb;
   void* c;
   float* amax;
-  int m, n, l;
+  int zero_amax;    // this launch zeroes amax (the first of a call's launches)
+  int m, n, l;      // m: rows of A and C this launch takes
+  int rows;         // rows of A and C per batch item (>= m: a weight-only call over several launches)
   int row_bytes;    // bytes of one row of B (and of A unless weight-only)
   int a_row_bytes;  // bytes of one row of A
   int k_blocks;     // scale blocks along K
@@ -223,15 +243,18 @@ __device__ __forceinline__ void Decode(uint32_t w, uint32_t (&h)[Traits<V, kASca
 // e2m1 nibbles i and i + 4 straight to bf16x2 at their value: sign << 15 | magnitude << 6 is
 // value * 2^-126 (the exponent-0 code 0.5 a bf16 subnormal), times 2^126 by an fma (subnormals
 // kept) with -0 added (a zero keeps its sign). For the bf16 MMA, in place of Decode + ToBF16.
+// A folded stage multiplies by 2^126 x its scale instead (BF16x2Pow126Times).
 constexpr uint32_t kBF16x2Pow126 = 0x7E807E80u;
 constexpr uint32_t kBF16x2NegZero = 0x80008000u;
-__device__ __forceinline__ void DecodeFp4BF16(uint32_t w, uint32_t (&h)[4]) {
+__device__ __forceinline__ void DecodeFp4BF16(uint32_t w, uint32_t (&h)[4], uint32_t mul = kBF16x2Pow126) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const uint32_t x = w >> (4 * i), v = ((x << 6) & 0x01C001C0u) | ((x << 12) & 0x80008000u);
-    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(h[i]) : "r"(v), "r"(kBF16x2Pow126), "r"(kBF16x2NegZero));
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(h[i]) : "r"(v), "r"(mul), "r"(kBF16x2NegZero));
   }
 }
+// bf16x2 (2^(e - 1), 2^(e - 1)) for an e8m0 byte e in [kFoldLo, kFoldHi]: 2^126 x its scale.
+__device__ __forceinline__ uint32_t BF16x2Pow126Times(uint32_t e) { return (e + 126u) * 0x00800080u; }
 
 // An e4m3 scale byte as f16x2 (both halves), times 2^7 for B (see Traits::kAccScale).
 __device__ __forceinline__ uint32_t ScaleHalf2(uint32_t byte) { return CvtE4M3x2(byte * 0x0101u); }
@@ -296,7 +319,7 @@ __device__ __forceinline__ UnitCopies SetUpCopies(const Params& p, int l, int n0
   const int tid = threadIdx.x, r = tid >> 3, c = tid & 7;
   UnitCopies u;
   u.b = p.b + (static_cast<size_t>(l) * p.n + n0 + r) * p.row_bytes + c * 16;
-  u.a = p.a + (static_cast<size_t>(l) * p.m + tid / Tr::kAChunks) * ARowBytes<V, A>(p) + (tid % Tr::kAChunks) * 16;
+  u.a = p.a + (static_cast<size_t>(l) * p.rows + tid / Tr::kAChunks) * ARowBytes<V, A>(p) + (tid % Tr::kAChunks) * 16;
   u.b_rows = 0;
 #pragma unroll
   for (int j = 0; j < kTileN / 32; ++j) u.b_rows |= (n0 + r + 32 * j < p.n ? 1u : 0u) << j;
@@ -345,6 +368,32 @@ __device__ __forceinline__ void IssueStage(const Params& p, const UnitCopies& u,
     CpAsync16(base + ((tid >> 7) == 0 ? S::kOffSfb : S::kOffSfa) + slot * S::kSfSlot + ch * 16,
               ok ? u.sf + static_cast<size_t>(stage) * kBlocks * 512 : p.sfb, ok ? 16u : 0u);
   }
+}
+
+// Whether ring slot `slot` (stage `stage`) can take the fold (Traits::kFoldable): this thread's
+// 16 bytes of B's scale blocks, copied by itself (so visible to it once its copies are waited
+// for), lie in [kFoldLo, kFoldHi], counting only bytes of rows and groups of B that exist (a NaN
+// scale, 0xFF, does not fold: the group path carries it). The CTA folds when all threads agree.
+template <int V, int A, int MT>
+__device__ __forceinline__ bool ScalesFold(const Params& p, uint32_t base, int slot, int stage, int n0) {
+  using S = Smem<V, A, MT>;
+  using Tr = Traits<V, A>;
+  constexpr int kBlocks = Tr::kBlocksPerStage;
+  const int tid = threadIdx.x;
+  if (tid >= 32 * kBlocks) return true;
+  const int groups = (p.row_bytes + Tr::kGroupBytes - 1) / Tr::kGroupBytes - (stage * kBlocks + (tid >> 5)) * 4;
+  if (groups <= 0) return true;
+  const uint32_t present = groups >= 4 ? 0xFFFFFFFFu : (1u << (8 * groups)) - 1u;  // bytes of groups within K
+  const uint4 v = Lds128(base + S::kOffSfb + slot * S::kSfSlot + tid * 16);
+  const uint32_t words[4] = {v.x, v.y, v.z, v.w};  // word q: row (tid % 32) + 32 q, groups 0..3
+  bool ok = true;
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    if (n0 + (tid & 31) + 32 * q >= p.n) continue;
+    const uint32_t w = (words[q] & present) | (kFoldLo * 0x01010101u & ~present);
+    ok &= (__vcmpgeu4(w, kFoldLo * 0x01010101u) & __vcmpleu4(w, kFoldHi * 0x01010101u)) == 0xFFFFFFFFu;
+  }
+  return ok;
 }
 
 // A of one stage into the fragment buffer (block-scaled A only; a 16-bit A is read in place,
@@ -502,9 +551,11 @@ __device__ __forceinline__ void ToMmaType(uint32_t (&a)[2][4]) {
 }
 
 // One stage of one warp: its 16 rows of B (ldmatrix: matrices rows 0-7 / 8-15 of chunks c, c + 1)
-// against every token tile.
+// against every token tile. `fold` (CTA-uniform, ScalesFold): B's registers carry their scales and
+// the MMAs accumulate straight into acc.
 template <int V, int A, int MT>
-__device__ __forceinline__ void ComputeStage(const Params& p, uint32_t base, int slot, int stage, float (&acc)[MT][4]) {
+__device__ __forceinline__ void ComputeStage(const Params& p, uint32_t base, int slot, int stage, bool fold,
+                                             float (&acc)[MT][4]) {
   using S = Smem<V, A, MT>;
   using Tr = Traits<V, A>;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = lane & 3;
@@ -531,19 +582,36 @@ __device__ __forceinline__ void ComputeStage(const Params& p, uint32_t base, int
 #pragma unroll
       for (int x = 0; x < 4; ++x) Decode<V>(r[x], h[x]);
       uint32_t a[2][4] = {{h[0][0], h[1][0], h[0][1], h[1][1]}, {h[2][0], h[3][0], h[2][1], h[3][1]}};
+      const uint32_t eb0 = (wb[0][0] >> (8 * cp)) & 0xFFu, eb1 = (wb[0][1] >> (8 * cp)) & 0xFFu;  // group cp
+      if (Tr::kFoldable && fold) {  // rows r0 (even registers), r0 + 8 (odd) at value x scale
+        const float f0 = __uint_as_float(eb0 << 23), f1 = __uint_as_float(eb1 << 23);
+#pragma unroll
+        for (int s = 0; s < 2; ++s)
+#pragma unroll
+          for (int x = 0; x < 4; ++x) a[s][x] = ToBF16(a[s][x], (x & 1) ? f1 : f0);
+        MmaChunk<V, A, MT>(acc, a, abuf, 2 * cp, lane);
+        continue;
+      }
       ToMmaType<V, A>(a);
       float blk[MT][4];
       BlockSums<V, A, MT>(blk, a, abuf, 2 * cp, lane);
-      const int kb = cp >> 2, j = cp & 3;  // group cp of the stage (kBlocksPerStage = 1)
-      AddGroup<V, A, MT>(acc, blk, (wb[kb][0] >> (8 * j)) & 0xFFu, (wb[kb][1] >> (8 * j)) & 0xFFu,
-                         scale_a + cp * S::kTokens * 4, t);
+      AddGroup<V, A, MT>(acc, blk, eb0, eb1, scale_a + cp * S::kTokens * 4, t);
     } else {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {  // chunk 2cp + half: rows r0 in r[2 half], r0 + 8 in r[2 half + 1]
         const int chunk = 2 * cp + half;
         if (half == 1 && kbyte0 + chunk * 16 >= p.row_bytes) break;
         uint32_t h0[4], h1[4];
+        const uint32_t eb0 = (wb[chunk >> 2][0] >> (8 * (chunk & 3))) & 0xFFu,  // the chunk's 32-group (MXFP4)
+            eb1 = (wb[chunk >> 2][1] >> (8 * (chunk & 3))) & 0xFFu;
         if constexpr (kDecodeToBF16<V, A>) {
+          if (fold) {  // value x scale
+            DecodeFp4BF16(r[2 * half], h0, BF16x2Pow126Times(eb0));
+            DecodeFp4BF16(r[2 * half + 1], h1, BF16x2Pow126Times(eb1));
+            const uint32_t a[2][4] = {{h0[0], h1[0], h0[1], h1[1]}, {h0[2], h1[2], h0[3], h1[3]}};
+            MmaChunk<V, A, MT>(acc, a, abuf, 2 * chunk, lane);
+            continue;
+          }
           DecodeFp4BF16(r[2 * half], h0);
           DecodeFp4BF16(r[2 * half + 1], h1);
         } else {
@@ -567,9 +635,7 @@ __device__ __forceinline__ void ComputeStage(const Params& p, uint32_t base, int
           ToMmaType<V, A>(a);
           float blk[MT][4];
           BlockSums<V, A, MT>(blk, a, abuf, 2 * chunk, lane);
-          const int kb = chunk >> 2, sh = 8 * (chunk & 3);
-          AddGroup<V, A, MT>(acc, blk, (wb[kb][0] >> sh) & 0xFFu, (wb[kb][1] >> sh) & 0xFFu,
-                             scale_a + chunk * S::kTokens * 4, t);
+          AddGroup<V, A, MT>(acc, blk, eb0, eb1, scale_a + chunk * S::kTokens * 4, t);
         }
       }
     }
@@ -600,7 +666,7 @@ __device__ __forceinline__ void StoreTile(const Params& p, uint32_t base, const 
     const bool two = n + 1 < p.n;
     amax_run = AbsMaxNaN(amax_run, v0);
     if (two) amax_run = AbsMaxNaN(amax_run, v1);
-    StoreC(p.c_type, p.c, (static_cast<size_t>(l) * p.m + m) * p.n + n, v0, v1, two);
+    StoreC(p.c_type, p.c, (static_cast<size_t>(l) * p.rows + m) * p.n + n, v0, v1, two);
   }
   FlushAmax(amax_run, p.amax, l);
 }
@@ -615,7 +681,8 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<MT>) SkinnyKernel(cons
   // The zeroing round: CTA 0 zeroes amax and the split counters, every CTA arrives; the first
   // atomic of each CTA (a counter or an amax flush) waits for the round to complete.
   if (blockIdx.x == 0) {
-    for (int i = tid; i < p.l; i += kThreads) p.amax[i] = 0.0f;
+    if (p.zero_amax)
+      for (int i = tid; i < p.l; i += kThreads) p.amax[i] = 0.0f;
     if (p.splits > 1)
       for (int i = tid; i < p.tiles; i += kThreads) p.counters[i] = 0u;
     __threadfence();
@@ -645,7 +712,11 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<MT>) SkinnyKernel(cons
 #pragma unroll 1
     for (int it = 0; it < count; ++it) {
       CpAsyncWait<kStages - 2>();
-      __syncthreads();  // stage `it` has landed everywhere; every warp is done with stage it - 1's slot
+      // Stage `it` has landed everywhere; every warp is done with stage it - 1's slot.
+      bool fold = false;
+      if constexpr (Traits<V, A>::kFoldable)
+        fold = __syncthreads_and(ScalesFold<V, A, MT>(p, base, it % kStages, first + it, n0));
+      else __syncthreads();
       const int next = it + kStages - 1;
       if (next < count) IssueStage<V, A, MT>(p, copies, base, next % kStages, first + next);
       CpAsyncCommit();
@@ -653,7 +724,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<MT>) SkinnyKernel(cons
         ConvertA<V, A, MT>(p, base, it % kStages);
         __syncthreads();
       }
-      ComputeStage<V, A, MT>(p, base, it % kStages, first + it, acc);
+      ComputeStage<V, A, MT>(p, base, it % kStages, first + it, fold, acc);
     }
     CpAsyncWait<0>();  // only empty groups remain
 

@@ -229,13 +229,6 @@ __device__ __forceinline__ void LoadTile(const QuantizeProblem& p, const typenam
   }
 }
 
-// Element (row, col) of a tile buffer as fp32.
-template <QuantizeInput I>
-__device__ __forceinline__ float TileAt(const uint8_t* buf, int row, int col) {
-  using T = typename InputTraits<I>::T;
-  return InputTraits<I>::ToFloat(reinterpret_cast<const T*>(buf + row * kTilePitch<T>)[col]);
-}
-
 template <QuantizeFormat F, QuantizeInput I, bool kRows>
 __global__ void __launch_bounds__(kTileThreads)
     TileKernel(QuantizeProblem p, const typename InputTraits<I>::T* x, uint8_t* q_row, uint8_t* s_row, uint8_t* q_col,
@@ -244,8 +237,9 @@ __global__ void __launch_bounds__(kTileThreads)
   constexpr int kVec = FormatTraits<F>::kVec;
   constexpr int kTileT = kTileRows<T>;
   constexpr int kPitch = kTilePitch<T>;
-  // Column items: one block of kVec rows of kColsPerItem adjacent columns (two of 2-byte input,
-  // one of fp32: 256 items of 32-row blocks cover a tile).
+  // Column items: one block of kVec rows of the kColsPerItem adjacent columns that one 32-bit
+  // word of a tile row holds (two of 2-byte input, one of fp32: 256 items of 32-row blocks cover
+  // a tile), read a word per row.
   constexpr int kColsPerItem = 4 / int(sizeof(T));
   constexpr int kColItems = (kTileD / kColsPerItem) * (kTileT / kVec);
   constexpr int kRowItems = kTileT * (kTileD / kVec);
@@ -289,7 +283,11 @@ __global__ void __launch_bounds__(kTileThreads)
       const int cl = (item % (kTileD / kColsPerItem)) * kColsPerItem, b = item / (kTileD / kColsPerItem);
       const int64_t t = t0 + b * kVec;
       if (t >= p.rows) continue;  // rows is a multiple of kVec: blocks are whole
-#pragma unroll 1
+      uint32_t words[kVec];
+#pragma unroll
+      for (int e = 0; e < kVec; ++e)
+        words[e] = *reinterpret_cast<const uint32_t*>(buf + (b * kVec + e) * kPitch + cl * int(sizeof(T)));
+#pragma unroll
       for (int j = 0; j < kColsPerItem; ++j) {
         const int64_t d = d0 + cl + j;
         if (d >= p.k) break;
@@ -297,7 +295,7 @@ __global__ void __launch_bounds__(kTileThreads)
         uint32_t m = 0;
 #pragma unroll
         for (int e = 0; e < kVec; ++e) {
-          v[e] = TileAt<I>(buf, b * kVec + e, cl + j);
+          v[e] = InputTraits<I>::FromBits(words[e], j);
           m = max(m, AbsBits(v[e]));
         }
         acc.Add(l, AmaxBits(m), amax);

@@ -551,10 +551,13 @@ __device__ __forceinline__ void ToMmaType(uint32_t (&a)[2][4]) {
 }
 
 // One stage of one warp: its 16 rows of B (ldmatrix: matrices rows 0-7 / 8-15 of chunks c, c + 1)
-// against every token tile. `fold` (CTA-uniform, ScalesFold): B's registers carry their scales and
-// the MMAs accumulate straight into acc.
-template <int V, int A, int MT>
-__device__ __forceinline__ void ComputeStage(const Params& p, uint32_t base, int slot, int stage, bool fold,
+// against every token tile. kFold (the CTA's vote, ScalesFold): B's registers carry their scales
+// and the MMAs accumulate straight into acc. kFull: the stage lies wholly inside K. Both are
+// template arguments so that a stage's chunks are one straight-line block, which ptxas
+// interleaves (loads and decodes of the next chunks during this one's MMAs): with a branch per
+// chunk the warp waited out each chunk's dependency chain.
+template <int V, int A, int MT, bool kFold, bool kFull>
+__device__ __forceinline__ void ComputeStage(const Params& p, uint32_t base, int slot, int stage,
                                              float (&acc)[MT][4]) {
   using S = Smem<V, A, MT>;
   using Tr = Traits<V, A>;
@@ -573,7 +576,7 @@ __device__ __forceinline__ void ComputeStage(const Params& p, uint32_t base, int
   const int kbyte0 = stage * kStageBytes;
 #pragma unroll
   for (int cp = 0; cp < 4; ++cp) {  // chunk pairs
-    if (kbyte0 + cp * 32 >= p.row_bytes) break;
+    if (!kFull && kbyte0 + cp * 32 >= p.row_bytes) break;
     uint32_t r[4];
     const int ch = 2 * cp + (lane >> 4);
     Ldmatrix4(bslot + lrow * 128 + ((ch ^ (lrow & 7)) << 4), r);
@@ -583,7 +586,7 @@ __device__ __forceinline__ void ComputeStage(const Params& p, uint32_t base, int
       for (int x = 0; x < 4; ++x) Decode<V>(r[x], h[x]);
       uint32_t a[2][4] = {{h[0][0], h[1][0], h[0][1], h[1][1]}, {h[2][0], h[3][0], h[2][1], h[3][1]}};
       const uint32_t eb0 = (wb[0][0] >> (8 * cp)) & 0xFFu, eb1 = (wb[0][1] >> (8 * cp)) & 0xFFu;  // group cp
-      if (Tr::kFoldable && fold) {  // rows r0 (even registers), r0 + 8 (odd) at value x scale
+      if constexpr (kFold) {  // rows r0 (even registers), r0 + 8 (odd) at value x scale
         const float f0 = __uint_as_float(eb0 << 23), f1 = __uint_as_float(eb1 << 23);
 #pragma unroll
         for (int s = 0; s < 2; ++s)
@@ -600,12 +603,12 @@ __device__ __forceinline__ void ComputeStage(const Params& p, uint32_t base, int
 #pragma unroll
       for (int half = 0; half < 2; ++half) {  // chunk 2cp + half: rows r0 in r[2 half], r0 + 8 in r[2 half + 1]
         const int chunk = 2 * cp + half;
-        if (half == 1 && kbyte0 + chunk * 16 >= p.row_bytes) break;
+        if (!kFull && half == 1 && kbyte0 + chunk * 16 >= p.row_bytes) break;
         uint32_t h0[4], h1[4];
         const uint32_t eb0 = (wb[chunk >> 2][0] >> (8 * (chunk & 3))) & 0xFFu,  // the chunk's 32-group (MXFP4)
             eb1 = (wb[chunk >> 2][1] >> (8 * (chunk & 3))) & 0xFFu;
         if constexpr (kDecodeToBF16<V, A>) {
-          if (fold) {  // value x scale
+          if constexpr (kFold) {  // value x scale
             DecodeFp4BF16(r[2 * half], h0, BF16x2Pow126Times(eb0));
             DecodeFp4BF16(r[2 * half + 1], h1, BF16x2Pow126Times(eb1));
             const uint32_t a[2][4] = {{h0[0], h1[0], h0[1], h1[1]}, {h0[2], h1[2], h0[3], h1[3]}};
@@ -724,7 +727,16 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<MT>) SkinnyKernel(cons
         ConvertA<V, A, MT>(p, base, it % kStages);
         __syncthreads();
       }
-      ComputeStage<V, A, MT>(p, base, it % kStages, first + it, fold, acc);
+      // The K tail's stage (the last of a row, when K is not a multiple of a stage) takes the group
+      // path, which is exact for any scales: one variant with the tail's checks, not two. 64 tokens
+      // keep the checks in every stage (kFull false): their MMAs give a chunk ILP enough, and
+      // interleaved chunks made ptxas spill (sm_100a, MXFP4 against a bf16 A).
+      constexpr bool kStraight = MT <= 4;
+      const int slot = it % kStages, stage = first + it;
+      const bool tail = (stage + 1) * kStageBytes > p.row_bytes;
+      if (fold && !tail) ComputeStage<V, A, MT, Traits<V, A>::kFoldable, kStraight>(p, base, slot, stage, acc);
+      else if (tail || !kStraight) ComputeStage<V, A, MT, false, false>(p, base, slot, stage, acc);
+      else ComputeStage<V, A, MT, false, true>(p, base, slot, stage, acc);
     }
     CpAsyncWait<0>();  // only empty groups remain
 

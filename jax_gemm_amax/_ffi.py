@@ -35,7 +35,7 @@ def workspace_bytes(batch, m, n, k, operand_dtype, scale_dtype, sf_vec_size, off
     answers for the architecture of the current GPU (SM90: per-tile split-K counters and fp32
     partial tiles, and, if offer_copies, room for the BF16 copies of the operands it may convert
     once per call; SM100: CUTLASS's kernel workspace; on both, where the few-row kernel takes the
-    problem (M <= 64, ffi/cuda/skinny/skinny.h), at least its split-K partials) or, without a usable
+    problem (M <= 32, weight-only M <= 128: ffi/cuda/skinny/skinny.h), at least its split-K partials) or, without a usable
     GPU, the largest over the architectures built (0 in a build without CUDA). k in elements. No
     GPU needed."""
     return _ext.workspace_bytes(
@@ -45,7 +45,7 @@ def workspace_bytes(batch, m, n, k, operand_dtype, scale_dtype, sf_vec_size, off
 
 def weight_only_kernel_workspace(batch, m, n, k, activation_dtype, operand_dtype, scale_dtype, sf_vec_size) -> int:
     """For a weight-only call (``a (batch, m, k)`` bfloat16/float16, ``b (batch, n, ...)``): the
-    device workspace of the few-row kernel where the CUDA handler runs the problem on it (M <= 64,
+    device workspace of the few-row kernel where the CUDA handler runs the problem on it (M <= 128,
     on the current GPU if it is an sm_90/sm_100 part the build has kernels for, or
     on any such GPU when lowered without one), -1 where it does not (the call then goes through
     XLA). k in elements. No GPU needed."""

@@ -30,10 +30,10 @@ cases = [
     ("pre-converted A and B e4m3 -> bf16", "e4m3", ml_dtypes.float8_e8m0fnu, 32, 4100, 4104, 352, 1, "bfloat16"),
     # few rows, many columns, long K: tile 256 split-K 2 ways, A pre-converted after the split-K area
     ("split-K with pre-converted A mxfp4 -> f32", "fp4", ml_dtypes.float8_e8m0fnu, 32, 250, 6000, 8192, 1, "float32"),
-    # few rows (M <= 64): the few-row kernel; split-K, partial tiles, a partial scale block, batches
+    # few rows (M <= 32): the few-row kernel; split-K, partial tiles, a partial scale block, batches
     ("few rows split-K e4m3 -> bf16", "e4m3", ml_dtypes.float8_e8m0fnu, 32, 7, 1000, 4096, 1, "bfloat16"),
-    ("few rows batched nvfp4 -> packed fp4", "fp4", ml_dtypes.float8_e4m3fn, 16, 33, 224, 4096, 2, "uint8"),
-    ("few rows partial scale block mxfp4 -> f32", "fp4", ml_dtypes.float8_e8m0fnu, 32, 64, 200, 160, 1, "float32"),
+    ("few rows batched nvfp4 -> packed fp4", "fp4", ml_dtypes.float8_e4m3fn, 16, 31, 224, 4096, 2, "uint8"),
+    ("few rows partial scale block mxfp4 -> f32", "fp4", ml_dtypes.float8_e8m0fnu, 32, 32, 200, 160, 1, "float32"),
     ("few rows e5m2 -> e4m3", "e5m2", ml_dtypes.float8_e8m0fnu, 32, 1, 144, 8288, 1, "float8_e4m3fn"),
     # 8-token FP4 kernels with splits of 4+ stages: the copy ring's refills run
     ("few rows refills mxfp4 -> bf16", "fp4", ml_dtypes.float8_e8m0fnu, 32, 5, 256, 4096, 1, "bfloat16"),

@@ -112,7 +112,7 @@ ffi::Error Run(cudaStream_t stream, CallSiteState* state, const GemmAmaxProblem&
   }
   if (problem.weight_only())
     return ffi::Error(ffi::ErrorCode::kUnimplemented,
-                      "gemm_amax: this weight-only problem has no CUDA kernel (the few-row kernel takes M <= 64 "
+                      "gemm_amax: this weight-only problem has no CUDA kernel (the few-row kernel takes M <= 128 "
                       "on compute capability 9.0 or 10.0); the JAX lowering runs such calls "
                       "through XLA");
   if (cc == 90) {

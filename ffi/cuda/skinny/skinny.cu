@@ -141,7 +141,7 @@ cudaError_t LaunchRows(const GemmAmaxProblem& p, const GemmAmaxBuffers& buf, int
 
 bool Accepts(const GemmAmaxProblem& p) {
   if (ContractViolation(p) != nullptr) return false;
-  if (VariantOf(p) < 0 || p.m > (p.weight_only() ? kMaxWeightOnlyM : kMaxM)) return false;
+  if (VariantOf(p) < 0 || p.m > (p.weight_only() ? kMaxWeightOnlyM : kMaxScaledM)) return false;
   // 32-bit indices: rows, row bytes, units, and element offsets of C's pairs within a batch item.
   return p.n < (1ll << 30) && p.a_row_bytes() < (1ll << 30) && p.batch < (1 << 20) && Tiles(p) * kMaxSplits < INT_MAX;
 }

@@ -17,14 +17,19 @@ namespace skinny {
 
 // Rows of A one launch takes at most (C^T tiles of 8 tokens, up to 8 of them per CTA).
 constexpr int64_t kMaxM = 64;
+// Rows of a block-scaled A the host takes: from 33 rows the architecture's GEMM is faster (H100,
+// MXFP8 8192x8192: 91.5 us here at 48 rows, 46.6 us on the Hopper GEMM at 128), so the 64-token
+// kernels are built for 16-bit activations only.
+constexpr int64_t kMaxScaledM = 32;
 // Rows of a weight-only A the host takes, one launch per kMaxM rows (each streams B again): two
 // launches at 64 rows each are faster than XLA's dequantize -> dot, three are not.
 constexpr int64_t kMaxWeightOnlyM = 2 * kMaxM;
 
-// Whether the host runs `p` on this kernel (where it is built for the device): M <= kMaxM (kMaxWeightOnlyM), a format
-// it has for B (MXFP8 e4m3/e5m2, MXFP4 with e8m0/32, NVFP4) with A block-scaled like B or weight-only
-// (bfloat16/float16), within its index ranges. The other problems, and FP4 with e8m0 scales per 16, go to the
-// architecture's GEMM (both-scaled) or to XLA (weight-only: the JAX lowering asks RunsOnFewRowKernel, arch.h).
+// Whether the host runs `p` on this kernel (where it is built for the device): M <= kMaxScaledM
+// (kMaxWeightOnlyM), a format it has for B (MXFP8 e4m3/e5m2, MXFP4 with e8m0/32, NVFP4) with A
+// block-scaled like B or weight-only (bfloat16/float16), within its index ranges. The other
+// problems, and FP4 with e8m0 scales per 16, go to the architecture's GEMM (both-scaled) or to XLA
+// (weight-only: the JAX lowering asks RunsOnFewRowKernel, arch.h).
 bool Accepts(const GemmAmaxProblem& p);
 
 // The workspace to offer for `p` (0 if !Accepts(p)): split-K counters and fp32 partial tiles for

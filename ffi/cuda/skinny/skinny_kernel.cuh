@@ -30,8 +30,9 @@
 // scales per 16): value x scale is exact in f16 (at most 6 significant bits, 2^-17..21 with B's
 // extra 2^-7), so the scales go into the conversion and the MMAs accumulate over all of K.
 //
-// Rows: one launch takes up to 64 tokens; the host runs a weight-only call of up to 128 as two
-// launches (Params::rows, zero_amax), each streaming B again.
+// Rows: one launch takes up to 64 tokens of 16-bit activations or 32 of a block-scaled A (skinny.h
+// kMaxScaledM); the host runs a weight-only call of up to 128 as two launches (Params::rows,
+// zero_amax), each streaming B again.
 //
 // Split-K: every split stores its fp32 partial tile in the workspace and counts itself in; the
 // last to arrive adds the splits' partials in split order (deterministic) and runs the epilogue:
@@ -557,8 +558,7 @@ __device__ __forceinline__ void ToMmaType(uint32_t (&a)[2][4]) {
 // interleaves (loads and decodes of the next chunks during this one's MMAs): with a branch per
 // chunk the warp waited out each chunk's dependency chain.
 template <int V, int A, int MT, bool kFold, bool kFull>
-__device__ __forceinline__ void ComputeStage(const Params& p, uint32_t base, int slot, int stage,
-                                             float (&acc)[MT][4]) {
+__device__ __forceinline__ void ComputeStage(const Params& p, uint32_t base, int slot, int stage, float (&acc)[MT][4]) {
   using S = Smem<V, A, MT>;
   using Tr = Traits<V, A>;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = lane & 3;

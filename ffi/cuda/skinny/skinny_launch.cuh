@@ -1,10 +1,12 @@
 // The few-row kernel's instantiations of one A kind: their configuration (shared-memory limit,
 // occupancy) and launch. Each A kind is compiled in its own translation unit (skinny_<kind>.cu),
-// so that the 48 kernels of an architecture build in parallel.
+// so that the 44 kernels of an architecture build in parallel (a block-scaled A has no
+// 64-token kernels: kBuilt).
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include "cuda/skinny/skinny.h"
 #include "cuda/skinny/skinny_kernel.cuh"
 
 namespace jga {
@@ -22,17 +24,26 @@ template <int A>
 cudaError_t LaunchKind(int v, int mt_index, const Params& params, int grid, cudaStream_t stream);
 
 #if defined(__CUDACC__)
+// Whether A's kernels with MT token tiles are built: a block-scaled A stops at kMaxScaledM rows.
+template <int A, int MT>
+constexpr bool kBuilt = 8 * MT <= (A == kAScaled ? kMaxScaledM : kMaxM);
+
 template <int V, int A, int MT>
 cudaError_t Configure(int& ctas) {
-  const auto kernel = SkinnyKernel<V, A, MT>;
-  constexpr int kBytes = Smem<V, A, MT>::kBytes;
   ctas = 0;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes);
-  if (err == cudaSuccess)
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
-  if (err == cudaSuccess) err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, kThreads, kBytes);
-  if (err != cudaSuccess) return err;
-  return ctas > 0 ? cudaSuccess : cudaErrorInvalidConfiguration;
+  if constexpr (!kBuilt<A, MT>) {
+    return cudaSuccess;  // never planned (Accepts)
+  } else {
+    const auto kernel = SkinnyKernel<V, A, MT>;
+    constexpr int kBytes = Smem<V, A, MT>::kBytes;
+    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes);
+    if (err == cudaSuccess)
+      err =
+          cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+    if (err == cudaSuccess) err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, kThreads, kBytes);
+    if (err != cudaSuccess) return err;
+    return ctas > 0 ? cudaSuccess : cudaErrorInvalidConfiguration;
+  }
 }
 
 template <int V, int A>
@@ -55,18 +66,22 @@ cudaError_t ConfigureKind(int (&ctas)[kVariants][kTokenTileIndices]) {
 
 template <int V, int A, int MT>
 cudaError_t LaunchKernel(const Params& params, int grid, cudaStream_t stream) {
-  // Cooperative: the zeroing round needs every CTA resident (the grid is capped at the occupancy).
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeCooperative;
-  attr[0].val.cooperative = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(grid), 1, 1);
-  cfg.blockDim = dim3(kThreads, 1, 1);
-  cfg.dynamicSmemBytes = Smem<V, A, MT>::kBytes;
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, SkinnyKernel<V, A, MT>, params);
+  if constexpr (!kBuilt<A, MT>) {
+    return cudaErrorInvalidValue;  // never planned (Accepts)
+  } else {
+    // Cooperative: the zeroing round needs every CTA resident (the grid is capped at the occupancy).
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeCooperative;
+    attr[0].val.cooperative = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(static_cast<unsigned>(grid), 1, 1);
+    cfg.blockDim = dim3(kThreads, 1, 1);
+    cfg.dynamicSmemBytes = Smem<V, A, MT>::kBytes;
+    cfg.stream = stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, SkinnyKernel<V, A, MT>, params);
+  }
 }
 
 template <int V, int A>

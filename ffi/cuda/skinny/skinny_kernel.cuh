@@ -728,14 +728,10 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<MT>) SkinnyKernel(cons
         __syncthreads();
       }
       // The K tail's stage (the last of a row, when K is not a multiple of a stage) takes the group
-      // path, which is exact for any scales: one variant with the tail's checks, not two. On
-      // sm_100a 64 tokens keep the checks in every stage (kFull false): interleaved chunks made
-      // ptxas spill there (MXFP4 against a bf16 A).
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
+      // path, which is exact for any scales: one variant with the tail's checks, not two. 64 tokens
+      // keep the checks in every stage (kFull false): their MMAs give a chunk ILP enough, and
+      // interleaved chunks made ptxas spill (sm_100a, MXFP4 against a bf16 A).
       constexpr bool kStraight = MT <= 4;
-#else
-      constexpr bool kStraight = true;
-#endif
       const int slot = it % kStages, stage = first + it;
       const bool tail = (stage + 1) * kStageBytes > p.row_bytes;
       if (fold && !tail) ComputeStage<V, A, MT, Traits<V, A>::kFoldable, kStraight>(p, base, slot, stage, acc);

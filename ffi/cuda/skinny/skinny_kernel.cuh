@@ -729,8 +729,8 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<MT>) SkinnyKernel(cons
       }
       // The K tail's stage (the last of a row, when K is not a multiple of a stage) takes the group
       // path, which is exact for any scales: one variant with the tail's checks, not two. 64 tokens
-      // keep the checks in every stage (kFull false): their MMAs give a chunk ILP enough, and
-      // interleaved chunks made ptxas spill (sm_100a, MXFP4 against a bf16 A).
+      // keep the checks in every stage (kFull false): interleaved, their chunks made ptxas spill
+      // (sm_100a, MXFP4 against a bf16 A).
       constexpr bool kStraight = MT <= 4;
       const int slot = it % kStages, stage = first + it;
       const bool tail = (stage + 1) * kStageBytes > p.row_bytes;

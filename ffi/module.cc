@@ -107,9 +107,9 @@ NB_MODULE(_jax_gemm_amax, m) {
     return 0;
 #endif
         });
-  // Weight-only calls: the workspace of the few-row kernel where the CUDA handler runs the problem
-  // on it (RunsOnFewRowKernel: the current GPU, or any the build has kernels for without one), -1
-  // where it does not (the JAX lowering then goes through XLA). -1 without CUDA.
+  // Weight-only calls: the workspace of the kernel the CUDA handler runs the problem on (arch.h,
+  // WeightOnlyRouteFor: the current GPU, or without one the few-row kernel that every GPU the build
+  // has kernels for runs), -1 where none does (the JAX lowering then goes through XLA) or without CUDA.
   m.def("weight_only_kernel_workspace",
         [](int64_t batch, int64_t m, int64_t n, int64_t k, const std::string& activation_dtype,
            const std::string& operand_dtype, const std::string& scale_dtype, int32_t sf_vec_size) -> int64_t {
@@ -119,8 +119,7 @@ NB_MODULE(_jax_gemm_amax, m) {
           else
             throw std::invalid_argument("weight-only activations must be bfloat16 or float16, got " + activation_dtype);
 #if JGA_WITH_CUDA
-          if (!jga::RunsOnFewRowKernel(p)) return -1;
-          return static_cast<int64_t>(jga::skinny::WorkspaceBytes(p));
+          return static_cast<int64_t>(jga::WeightOnlyWorkspaceBytes(p));
 #else
     return -1;
 #endif

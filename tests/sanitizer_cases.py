@@ -50,13 +50,27 @@ for name, kind, sf, sfv, m, n, k, batch, c_dtype in cases:
     print(f"{name}: ok on {jax.devices()[0].device_kind}", flush=True)
 
 # Weight-only calls (bfloat16/float16 a, sfa=None) on the few-row kernel: split-K, batches, partial
-# tiles and a K tail, every B format; checked against the CPU backend.
+# tiles and a K tail, every B format; on sm_90 a bfloat16 a of more rows runs on the Hopper GEMM (A's
+# BF16 copy: rows past a multiple of 8, a K tail, split-K); checked against the CPU backend.
 E8M0, E4M3 = ml_dtypes.float8_e8m0fnu, ml_dtypes.float8_e4m3fn
 weight_only_cases = [  # (name, a dtype, b kind, scale dtype, sf_vec_size, m, n, k, batch, c dtype)
     ("few rows weight-only bf16 x mxfp4 split-K -> bf16", "bfloat16", "fp4", E8M0, 32, 13, 200, 4096, 1, "bfloat16"),
     ("few rows weight-only f16 x e4m3 batched -> f32", "float16", "e4m3", E8M0, 32, 64, 136, 1056, 2, "float32"),
     ("few rows weight-only bf16 x nvfp4 -> f32", "bfloat16", "fp4", E4M3, 16, 32, 256, 8192, 1, "float32"),
     ("few rows weight-only f16 x e5m2 K tail -> e4m3", "float16", "e5m2", E8M0, 32, 1, 144, 96, 1, "float8_e4m3fn"),
+    (
+        "hopper gemm weight-only bf16 x e4m3 K tail batched -> bf16",
+        "bfloat16",
+        "e4m3",
+        E8M0,
+        32,
+        41,
+        136,
+        96,
+        3,
+        "bfloat16",
+    ),
+    ("hopper gemm weight-only bf16 x nvfp4 split-K -> f32", "bfloat16", "fp4", E4M3, 16, 48, 256, 8192, 1, "float32"),
     # scales within 2^-64..2^1: folded stages; 100 rows: two launches
     (
         "few rows weight-only bf16 x mxfp4 folded 100 rows batched -> bf16",

@@ -30,6 +30,11 @@ B_FORMATS = {
 CPU = jax.devices("cpu")[0]
 
 
+def on_sm90() -> bool:
+    """Lowering happens for this GPU: a bfloat16 a of more than 32 rows takes the Hopper GEMM."""
+    return on_gpu() and getattr(jax.devices()[0], "compute_capability", "") == "9.0"
+
+
 def _problem(rng, b_format, a_dtype, m, n, k, batch=1):
     kind, sf_dtype, sfv = B_FORMATS[b_format]
     a = (rng.standard_normal((batch, m, k)) * 2.0).astype(A_DTYPES[a_dtype])
@@ -134,14 +139,15 @@ def test_batched_jit_and_vmap(rng):
         _check(jga.GemmAmaxResult(shared.c[i : i + 1], shared.amax[i]), a[i : i + 1], b[:1], sfb[:1], sfv)
 
 
-@pytest.mark.parametrize("m", [8, 100])
-def test_amax_is_per_call(rng, m):
+@pytest.mark.parametrize("m,a_dtype", [(8, "bfloat16"), (100, "bfloat16"), (100, "float16")])
+def test_amax_is_per_call(rng, m, a_dtype):
     """amax is reset by every call: a small call after a large one reports its own. At 100 rows
-    the GPU runs two launches: the largest |C| in the first one's rows must survive the second."""
-    a, b, sfb, sfv = _problem(rng, "e4m3", "bfloat16", m, 64, 128)
+    the GPU runs the Hopper GEMM (bfloat16) or two few-row launches (float16): the largest |C| in
+    the first one's rows must survive the second."""
+    a, b, sfb, sfv = _problem(rng, "e4m3", a_dtype, m, 64, 128)
     a[0, :3] *= 4
     f = jax.jit(lambda a: jga.gemm_amax(a, b[0], None, sfb[0]))
-    big = f(a[0] * ml_dtypes.bfloat16(64))
+    big = f(a[0] * a.dtype.type(64))
     small = f(a[0])
     _check(small, a, b, sfb, sfv)
     assert float(big.amax) > 32 * float(small.amax)
@@ -166,15 +172,17 @@ def test_nan_in_a_or_b_or_a_scale(rng, a_dtype):
     np.testing.assert_array_equal(np.isnan(np.asarray(acc[0])), want)
 
 
-@pytest.mark.parametrize("impl", ["kernel", "reference", "xla_path"])
+@pytest.mark.parametrize("impl,m", [("kernel", 4), ("kernel", 40), ("reference", 4), ("xla_path", 4)])
 @pytest.mark.parametrize("a_dtype", sorted(A_DTYPES))
-def test_extreme_scales(rng, impl, a_dtype):
+def test_extreme_scales(rng, impl, m, a_dtype):
     """e8m0 2^127 on tiny a and 2^-127 on large a: C is an ordinary number (and subnormal where
-    2^-127 meets ordinary a), as in the block-scaled op: the scale multiplies the group's dot."""
-    m, n, k, sfv = 4, 64, 128, 32
+    2^-127 meets ordinary a), as in the block-scaled op: the scale multiplies the group's dot.
+    40 rows: on sm_90 a bfloat16 a takes the Hopper GEMM, whose exact path reads a's values."""
+    n, k, sfv = 64, 128, 32
     big_a = 2.0**12 if a_dtype == "float16" else 2.0**100
     tiny_a = 2.0**-14 if a_dtype == "float16" else 2.0**-100
-    rows = np.array([tiny_a, big_a, 1.0, 1.0])[:, None] * rng.choice([-1.0, 1.0], size=(m, k))
+    kinds = np.arange(m) % 4  # rows of tiny, big, ordinary, ordinary a
+    rows = np.array([tiny_a, big_a, 1.0, 1.0])[kinds][:, None] * rng.choice([-1.0, 1.0], size=(m, k))
     a = rows[None].astype(A_DTYPES[a_dtype])
     b = npref.random_operand(rng, 1, n, k, "e4m3")
     codes = rng.integers(125, 130, size=(1, n, k // sfv)).astype(np.uint8)
@@ -192,8 +200,8 @@ def test_extreme_scales(rng, impl, a_dtype):
     # Checked: tiny a (row 0) everywhere, big a (row 1) and ordinary a (rows 2, 3: subnormal C,
     # within an fp32 subnormal step per group) times 2^-127. Ordinary a times 2^127 overflows.
     finite = np.zeros(want.shape, bool)
-    finite[0, 0, :] = True
-    finite[0, 1:, n // 2 :] = True
+    finite[0, kinds == 0, :] = True
+    finite[0, kinds != 0, n // 2 :] = True
     with np.errstate(invalid="ignore"):
         err = np.abs(c - want)
     tol = 2e-5 * abssum + 2.0**-149 * (k // sfv) * 2
@@ -342,8 +350,11 @@ def test_sharded_matches_unsharded(rng, b_format, a_spec, b_spec):
     [("e4m3", 1, True), ("e5m2", 65, True), ("e4m3", 128, True), ("e4m3", 129, False), ("nvfp4", 129, False)],
 )
 def test_cuda_lowering_picks_the_few_row_kernel_or_a_dot(rng, b_format, m, kernel):
+    """Lowered without a GPU (or for one but sm_90): the few-row kernel up to 128 rows, XLA's dot
+    beyond; for an sm_90 GPU a bfloat16 a of more than 32 rows takes the Hopper GEMM."""
     if not _ffi.BUILT_WITH_CUDA:
         pytest.skip("built without the CUDA backend")
+    kernel = kernel or (on_sm90() and m > 32)
     a, b, sfb, sfv = _problem(rng, b_format, "bfloat16", m, 128, 256)
     f = jax.jit(lambda *x: jga.gemm_amax(*x, sf_vec_size=sfv, c_dtype=jnp.bfloat16))
     try:
@@ -362,16 +373,25 @@ def test_weight_only_kernel_workspace_answers_per_problem():
     assert ws(1, 16, 8192, 8192, "bfloat16", "float8_e4m3fn", "float8_e8m0fnu", 32) > 0  # split-K partials
     assert ws(1, 16, 8192, 8192, "float16", "uint8", "float8_e4m3fn", 16) > 0
     # up to 128 rows: one launch per 64, the workspace of a 64-row launch
-    wide = ws(1, 128, 8192, 8192, "bfloat16", "float8_e4m3fn", "float8_e8m0fnu", 32)
-    assert wide == ws(1, 64, 8192, 8192, "bfloat16", "float8_e4m3fn", "float8_e8m0fnu", 32) > 0
-    assert ws(1, 129, 8192, 8192, "bfloat16", "float8_e4m3fn", "float8_e8m0fnu", 32) == -1
+    wide = ws(1, 128, 8192, 8192, "float16", "float8_e4m3fn", "float8_e8m0fnu", 32)
+    assert wide == ws(1, 64, 8192, 8192, "float16", "float8_e4m3fn", "float8_e8m0fnu", 32) > 0
+    assert ws(1, 129, 8192, 8192, "float16", "float8_e4m3fn", "float8_e8m0fnu", 32) == -1
     assert ws(1, 100, 8192, 8192, "bfloat16", "uint8", "float8_e8m0fnu", 32) > 0
     assert ws(1, 8, 256, 256, "bfloat16", "uint8", "float8_e8m0fnu", 16) == -1  # FP4 e8m0 per 16: no kernel
+    # a bfloat16 a of more than 32 rows: on an sm_90 GPU the Hopper GEMM, with at least A's BF16
+    # copy (2 bytes per element) in its workspace; lowered without one, the few-row kernel (<= 128)
+    gemm = ws(1, 129, 8192, 8192, "bfloat16", "float8_e4m3fn", "float8_e8m0fnu", 32)
+    sfv16 = ws(1, 64, 8192, 8192, "bfloat16", "uint8", "float8_e8m0fnu", 16)
+    if on_sm90():
+        assert gemm >= 2 * 136 * 8192 and sfv16 >= 2 * 64 * 8192
+    else:
+        assert gemm == -1 and sfv16 == -1
     with pytest.raises(ValueError, match="bfloat16 or float16"):
         ws(1, 8, 256, 256, "float32", "float8_e4m3fn", "float8_e8m0fnu", 32)
 
 
-# 100 and 128 rows: two launches (64 + 36, 64 + 64); 300: XLA's dot
+# sm_90: bfloat16 a from 33 rows on the Hopper GEMM; float16 a at 100 and 128 rows two few-row
+# launches (64 + 36, 64 + 64), at 300 XLA's dot
 GPU_CASES = [(b, a, m) for b in sorted(B_FORMATS) for a in sorted(A_DTYPES) for m in (1, 7, 16, 33, 64, 100, 128, 300)]
 
 
@@ -399,6 +419,20 @@ def test_gpu_few_row_kernel_split_k_batches_and_k_tail(rng, b_format, a_dtype):
         a, b, sfb, sfv = _problem(rng, b_format, a_dtype, m, n, k, batch=batch)
         f = jax.jit(lambda *x, sfv=sfv: jga.gemm_amax(*x, sf_vec_size=sfv))
         _check(f(a, b, None, sfb), a, b, sfb, sfv)
+
+
+@pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("b_format", sorted(B_FORMATS))
+def test_gpu_hopper_gemm_plans_k_tails_and_batches(rng, b_format):
+    """A bfloat16 a of more than 32 rows on the Hopper GEMM, through A's BF16 copy: few tiles over
+    K = 8192 (split-K), rows not a multiple of 8 with a K tail inside a 64-K unit and 3 batch
+    items, and 2100 rows (where B may be converted in a pass too)."""
+    k_tail = 96 if b_format in ("e4m3", "e5m2") else 160
+    for m, n, k, batch in [(48, 256, 8192, 1), (41, 136, k_tail, 3), (2100, 384, 512, 1)]:
+        a, b, sfb, sfv = _problem(rng, b_format, "bfloat16", m, n, k, batch=batch)
+        assert _ffi.weight_only_kernel_workspace(batch, m, n, k, "bfloat16", b.dtype, sfb.dtype, sfv) >= 2 * m * k
+        f = jax.jit(lambda *x, sfv=sfv: jga.gemm_amax(*x, sf_vec_size=sfv, c_dtype=jnp.bfloat16))
+        _check(f(a, b, None, sfb), a, b, sfb, sfv, "bfloat16")
 
 
 @pytest.mark.skipif(not on_gpu(), reason="needs a GPU")
@@ -434,8 +468,9 @@ def test_gpu_folded_and_group_path_stages(rng, b_format, m):
 @pytest.mark.skipif(not on_gpu(), reason="needs a GPU")
 @pytest.mark.parametrize("a_dtype", sorted(A_DTYPES))
 @pytest.mark.parametrize("b_format,codes", [("e4m3", (0x7F, 0xFF)), ("e5m2", (0x7C, 0xFC, 0x7E))])
-def test_gpu_few_row_kernel_keeps_nan_and_inf_codes_of_b(rng, b_format, a_dtype, codes):
-    a, b, sfb, sfv = _problem(rng, b_format, a_dtype, 7, 144, 96)
+@pytest.mark.parametrize("m", [7, 40])
+def test_gpu_kernels_keep_nan_and_inf_codes_of_b(rng, b_format, a_dtype, codes, m):
+    a, b, sfb, sfv = _problem(rng, b_format, a_dtype, m, 144, 96)
     raw = b.view(np.uint8).copy()
     for i, code in enumerate(codes):
         raw[0, 10 + i, 3 + 5 * i] = code
@@ -455,8 +490,9 @@ def test_gpu_few_row_kernel_keeps_nan_and_inf_codes_of_b(rng, b_format, a_dtype,
 
 @pytest.mark.skipif(not on_gpu(), reason="needs a GPU")
 @pytest.mark.parametrize("c_dtype", ["bfloat16", "float8_e4m3fn"])
-def test_gpu_c_dtypes_nan_and_extreme_scales(rng, c_dtype):
-    a, b, sfb, sfv = _problem(rng, "mxfp4", "bfloat16", 7, 128, 256)
+@pytest.mark.parametrize("m", [7, 40])
+def test_gpu_c_dtypes_nan_and_extreme_scales(rng, c_dtype, m):
+    a, b, sfb, sfv = _problem(rng, "mxfp4", "bfloat16", m, 128, 256)
     a[0, 2, 5] = np.nan
     codes = sfb.view(np.uint8).copy()
     codes[(0,) + npref.scale_index(3, 1)] = 254  # 2^127 on column 3: the exact per-group path

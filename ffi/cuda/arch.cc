@@ -34,11 +34,33 @@ bool FewRowKernelBuiltFor(int cc) {
   return cc == 90;
 }
 
-bool RunsOnFewRowKernel(const GemmAmaxProblem& p) {
-  if (!skinny::Accepts(p)) return false;
+namespace {
+int CurrentCc() {
   int device = 0, cc = 0;  // cc stays 0 where there is no usable device
   if (cudaGetDevice(&device) == cudaSuccess) ComputeCapability(device, &cc);
-  return cc == 0 || FewRowKernelBuiltFor(cc);
+  return cc;
+}
+// Measured on an H100 (benchmarks/RESULTS.md, decode table): from 48 rows on, the GEMM beats the
+// few-row kernel's 64-token CTAs, as for a block-scaled A (skinny::kMaxScaledM).
+bool WeightOnlyOnGemm(const GemmAmaxProblem& p, int cc) {
+  return cc == 90 && p.a_type == ActivationType::kBF16 && p.m > skinny::kMaxScaledM && sm90::Unsupported(p) == nullptr;
+}
+bool WeightOnlyOnFewRows(const GemmAmaxProblem& p, int cc) {
+  return (cc == 0 || FewRowKernelBuiltFor(cc)) && skinny::Accepts(p);
+}
+}  // namespace
+
+WeightOnlyRoute WeightOnlyRouteFor(const GemmAmaxProblem& p, int cc, size_t workspace_bytes) {
+  if (WeightOnlyOnGemm(p, cc) && workspace_bytes >= sm90::WorkspaceBytes(p)) return WeightOnlyRoute::kGemm;
+  if (WeightOnlyOnFewRows(p, cc)) return WeightOnlyRoute::kFewRows;
+  return WeightOnlyRoute::kNone;
+}
+
+long long WeightOnlyWorkspaceBytes(const GemmAmaxProblem& p) {
+  const int cc = CurrentCc();
+  if (WeightOnlyOnGemm(p, cc)) return static_cast<long long>(sm90::WorkspaceBytes(p));
+  if (WeightOnlyOnFewRows(p, cc)) return static_cast<long long>(skinny::WorkspaceBytes(p));
+  return -1;
 }
 
 size_t CudaWorkspaceBytes(const GemmAmaxProblem& p, bool offer_copies) {
@@ -51,8 +73,7 @@ size_t CudaWorkspaceBytes(const GemmAmaxProblem& p, bool offer_copies) {
 #else
   const size_t sm100 = 0;
 #endif
-  int device = 0, cc = 0;  // cc stays 0 where there is no usable device
-  if (cudaGetDevice(&device) == cudaSuccess) ComputeCapability(device, &cc);
+  const int cc = CurrentCc();
   if (cc == 90) return sm90;
 #if defined(JGA_HAVE_SM100)
   if (cc == 100) return sm100;

@@ -17,10 +17,17 @@ cudaError_t ComputeCapability(int device, int* cc);
 // Whether this build has the few-row kernel for compute capability `cc` (sm_90a; sm_100a where built).
 bool FewRowKernelBuiltFor(int cc);
 
-// Whether the CUDA handler runs `p` on the few-row kernel on the current device (skinny::Accepts
-// there) or, with no usable device, on a GPU the build has kernels for. Weight-only problems reach
-// the handler only where this holds; the JAX lowering sends the others through XLA.
-bool RunsOnFewRowKernel(const GemmAmaxProblem& p);
+// Weight-only problems: on compute capability 9.0 a bfloat16 A of more than skinny::kMaxScaledM rows
+// runs on the sm_90 GEMM (its A' plans, whose BF16 copy of A is A's values as they are) when the
+// call has the workspace that asks for (sm90::WorkspaceBytes); otherwise on the few-row kernel where
+// it takes the problem (skinny::Accepts: M <= 128, float16 A too); else on no CUDA kernel (the JAX
+// lowering sends such calls through XLA). cc 0 (no usable device while lowering): the few-row
+// kernel only, which every GPU the build has kernels for runs.
+enum class WeightOnlyRoute { kNone, kFewRows, kGemm };
+WeightOnlyRoute WeightOnlyRouteFor(const GemmAmaxProblem& p, int cc, size_t workspace_bytes);
+// The workspace to offer a weight-only call on the current device by the rule above (its route's
+// need), or -1 where no CUDA kernel takes it.
+long long WeightOnlyWorkspaceBytes(const GemmAmaxProblem& p);
 
 // Bytes of device workspace to offer a call of `p` (the custom call's workspace result, sized when
 // the JAX lowering runs): the rule of the current device's architecture (sm_90: sm90::WorkspaceBytes,

@@ -82,8 +82,8 @@ constexpr const char* kBuiltKernels = "built kernels: sm_90a (H100/H200); this b
 #endif
 
 // One call, both forms: the few-row kernel where it takes the problem, else the architecture's
-// GEMM (both-scaled problems only: the JAX lowering sends weight-only problems here only where
-// RunsOnFewRowKernel says the few-row kernel takes them, arch.h).
+// GEMM (weight-only problems by WeightOnlyRouteFor, arch.h: the JAX lowering sends them here only
+// where a kernel takes them).
 ffi::Error Run(cudaStream_t stream, CallSiteState* state, const GemmAmaxProblem& problem,
                const GemmAmaxBuffers& buffers, ffi::AnyBuffer& workspace) {
   // XLA makes the stream's device current while it runs (or records) the call; unlike
@@ -104,17 +104,20 @@ ffi::Error Run(cudaStream_t stream, CallSiteState* state, const GemmAmaxProblem&
 
   // Few rows of A (skinny::Accepts): the memory-bound few-row kernel, built for every arch of the
   // build, which streams B once (skinny.h).
-  if (FewRowKernelBuiltFor(cc) && skinny::Accepts(problem)) {
+  const WeightOnlyRoute route =
+      problem.weight_only() ? WeightOnlyRouteFor(problem, cc, workspace.size_bytes()) : WeightOnlyRoute::kNone;
+  if (problem.weight_only() ? route == WeightOnlyRoute::kFewRows
+                            : FewRowKernelBuiltFor(cc) && skinny::Accepts(problem)) {
     if (reset_word == nullptr) return no_reset_word();
     err = skinny::Launch(problem, buffers, workspace.untyped_data(), workspace.size_bytes(), stream, reset_word);
     if (err != cudaSuccess) return CudaError(err, "launching the few-row kernel");
     return ffi::Error::Success();
   }
-  if (problem.weight_only())
+  if (problem.weight_only() && route != WeightOnlyRoute::kGemm)
     return ffi::Error(ffi::ErrorCode::kUnimplemented,
                       "gemm_amax: this weight-only problem has no CUDA kernel (the few-row kernel takes M <= 128 "
-                      "on compute capability 9.0 or 10.0); the JAX lowering runs such calls "
-                      "through XLA");
+                      "on compute capability 9.0 or 10.0, the sm_90 GEMM a bfloat16 A of more rows with the "
+                      "workspace it asks for); the JAX lowering runs such calls through XLA");
   if (cc == 90) {
     if (const char* why = sm90::Unsupported(problem))
       return ffi::Error(ffi::ErrorCode::kUnimplemented, std::string("gemm_amax (sm_90): ") + why);

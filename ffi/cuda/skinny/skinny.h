@@ -28,8 +28,8 @@ constexpr int64_t kMaxWeightOnlyM = 2 * kMaxM;
 // Whether the host runs `p` on this kernel (where it is built for the device): M <= kMaxScaledM
 // (kMaxWeightOnlyM), a format it has for B (MXFP8 e4m3/e5m2, MXFP4 with e8m0/32, NVFP4) with A
 // block-scaled like B or weight-only (bfloat16/float16), within its index ranges. The other
-// problems, and FP4 with e8m0 scales per 16, go to the architecture's GEMM (both-scaled) or to XLA
-// (weight-only: the JAX lowering asks RunsOnFewRowKernel, arch.h).
+// problems, and FP4 with e8m0 scales per 16, go to the architecture's GEMM (weight-only: where
+// WeightOnlyRouteFor says, arch.h) or to XLA.
 bool Accepts(const GemmAmaxProblem& p);
 
 // The workspace to offer for `p` (0 if !Accepts(p)): split-K counters and fp32 partial tiles for

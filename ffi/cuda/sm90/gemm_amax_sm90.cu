@@ -83,6 +83,10 @@ const char* Unsupported(const GemmAmaxProblem& p) {
   if (p.operand_row_bytes() >= (1ll << 32)) return "sm90: K too large";
   const long long tm = CeilDiv(p.m, 128), tn = CeilDiv(p.n, 128);
   if (tm * tn * p.batch >= (1ll << 31)) return "sm90: too many tiles";
+  if (p.weight_only()) {  // A's copy feeds the BF16 WGMMAs as it is (PreconvertValuesKernel)
+    if (p.a_type != ActivationType::kBF16) return "sm90: weight-only problems take a bfloat16 A";
+    if (PreconvertedABytes(p) / 128 > static_cast<size_t>(INT_MAX - 32)) return "sm90: A too large";
+  }
   return nullptr;
 }
 
@@ -104,7 +108,7 @@ PreconvertParams PreconvertPass(const GemmAmaxProblem& p, const void* codes, con
   q.sf = static_cast<const uint8_t*>(sf);
   q.out = static_cast<uint8_t*>(out);
   q.sf_batch_stride = sf_batch_stride;
-  q.row_bytes = p.operand_row_bytes();
+  q.row_bytes = is_a ? p.a_row_bytes() : p.operand_row_bytes();
   q.rows = static_cast<int>(rows);
   q.l = static_cast<int>(p.batch);
   q.units_per_row = static_cast<int>(PreconvertedRowBytes(p) / 128);
@@ -141,6 +145,7 @@ cudaError_t LaunchWithOptions(const GemmAmaxProblem& p, const GemmAmaxBuffers& b
   if (workspace == nullptr) workspace_bytes = 0;
   const Plan plan = PlanOf(p, sms, opt, workspace_bytes);
   const int mi = plan.mi, pre = plan.pre;
+  if (p.weight_only() && (pre & kPreA) == 0) return cudaErrorInvalidValue;  // no room for A's copy
 
   LaunchCtx ctx{};  // zeroed: a field left unset (reset_word without amax or split) reads as null
   const int kernel_pre = KernelPre(plan);
@@ -199,6 +204,8 @@ cudaError_t LaunchWithOptions(const GemmAmaxProblem& p, const GemmAmaxBuffers& b
   k.a = static_cast<const uint8_t*>(buf.a);
   k.b = static_cast<const uint8_t*>(buf.b);
   k.row_bytes = static_cast<long long>(kbytes);
+  k.a_row_bytes = p.a_row_bytes();
+  k.a_values = p.weight_only() ? 1 : 0;
   ctx.device = dev;
   ctx.stream = stream;
 
@@ -215,6 +222,7 @@ cudaError_t LaunchWithOptions(const GemmAmaxProblem& p, const GemmAmaxBuffers& b
   }
   if (pre & kPreB) ctx.pre_b = PreconvertPass(p, buf.b, buf.sfb, k.sfb_batch_stride, p.n, false, b_conv, words + 1);
   if (pre & kPreA) ctx.pre_a = PreconvertPass(p, buf.a, buf.sfa, k.sfa_batch_stride, p.m, true, a_conv, words + 2);
+  ctx.a_values = p.weight_only();
 
   switch (VariantOf(p)) {
     case kV_E4M3: return LaunchVariant0(ctx);

@@ -86,6 +86,9 @@ struct KParams {
   const uint8_t* b;
   long long row_bytes;
   const unsigned int* pre_bounds;
+  // Weight-only problems (A' plans only): A holds bfloat16 values, a_row_bytes = 2K, no SFA.
+  long long a_row_bytes;
+  int a_values;
 };
 // Words of a reset word's allocation (AllocResetWord): the round word, the passes' two bounds.
 constexpr int kResetWords = 3;

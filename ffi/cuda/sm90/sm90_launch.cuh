@@ -24,6 +24,7 @@ struct LaunchCtx {
   // converted by PreconvertKernel (pre_a, pre_b) first, then the kPre GEMM runs.
   int pre = 0;
   PreconvertParams pre_a, pre_b;
+  bool a_values = false;               // weight-only: pre_a copies A's bfloat16 values (PreconvertValuesKernel)
   unsigned int* pre_bounds = nullptr;  // the passes' two scale bounds (KParams::pre_bounds), reset per launch
 };
 
@@ -127,19 +128,22 @@ cudaError_t LaunchKernel(const LaunchCtx& ctx, bool programmatic) {
 // programmatic: launched as the programmatic dependent of the kernel before it on the stream (the
 // other pass), which it does not read: its CTAs fill the SMs as that grid
 // drains instead of after it; PreconvertKernel waits for that grid before it exits (see there).
+// values: PreconvertValuesKernel (weight-only A), one thread per 16-byte chunk of the copy.
 template <int V>
-cudaError_t LaunchPreconvert(const PreconvertParams& q, cudaStream_t stream, bool programmatic) {
-  constexpr int kPerBlock = kPreconvertThreads * kPreconvertUnitsPerThread;
+cudaError_t LaunchPreconvert(const PreconvertParams& q, cudaStream_t stream, bool programmatic, bool values = false) {
+  const long long per_block =
+      values ? kPreconvertValuesThreads / 8 : kPreconvertThreads * kPreconvertUnitsPerThread;  // units
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>((q.units + kPerBlock - 1) / kPerBlock), 1, 1);
-  cfg.blockDim = dim3(kPreconvertThreads, 1, 1);
+  cfg.gridDim = dim3(static_cast<unsigned>((q.units + per_block - 1) / per_block), 1, 1);
+  cfg.blockDim = dim3(values ? kPreconvertValuesThreads : kPreconvertThreads, 1, 1);
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = programmatic ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, PreconvertKernel<V>, q);
+  return values ? cudaLaunchKernelEx(&cfg, PreconvertValuesKernel<V>, q)
+                : cudaLaunchKernelEx(&cfg, PreconvertKernel<V>, q);
 }
 
 template <int V, int MI>
@@ -155,7 +159,7 @@ cudaError_t LaunchVariantMI(const LaunchCtx& ctx) {
       cudaError_t err = cudaMemsetAsync(ctx.pre_bounds, 0xFF, (kResetWords - 1) * sizeof(unsigned int), ctx.stream);
       if (err == cudaSuccess && (ctx.pre & kPreB)) err = LaunchPreconvert<V>(ctx.pre_b, ctx.stream, false);
       if (err == cudaSuccess && (ctx.pre & kPreA))
-        err = LaunchPreconvert<V>(ctx.pre_a, ctx.stream, (ctx.pre & kPreB) != 0);
+        err = LaunchPreconvert<V>(ctx.pre_a, ctx.stream, (ctx.pre & kPreB) != 0, ctx.a_values);
       if (err != cudaSuccess) return err;
       if (split) return LaunchKernel<V, 2, true, kPreA>(ctx, true);
       switch (ctx.pre) {

@@ -79,7 +79,7 @@ double PassUnits(const GemmAmaxProblem& p, int pre) {
   const double row_bytes = static_cast<double>(p.operand_row_bytes()) * p.batch;
   double bytes = 0;
   if (pre & kPreB) bytes += row_bytes * p.n + PreconvertedBBytes(p);
-  if (pre & kPreA) bytes += row_bytes * p.m + PreconvertedABytes(p);
+  if (pre & kPreA) bytes += static_cast<double>(p.a_row_bytes()) * p.batch * p.m + PreconvertedABytes(p);
   return bytes / kPassBytesPerUnit + kFirstPassUnits + (pre == (kPreA | kPreB) ? kSecondPassUnits : 0.0);
 }
 
@@ -149,6 +149,7 @@ Plan MakePlan(const GemmAmaxProblem& p, int sms, const PlanOptions& opt, size_t 
         double cost = 0;
         for (int x = 0; x <= 3; ++x) {
           if ((x & ~allowed) != 0 || (pc.required & allowed & ~x) != 0) continue;
+          if (p.weight_only() && (x & kPreA) == 0) continue;  // A' is how these kernels read 16-bit A
           // A'B' (offered to unsplit tile 256 only) runs the ping-pong kernel: its own waves.
           const double c =
               (x == (kPreA | kPreB) ? pingpong_waves * (wave_units(1) * (1 - saving[x]) + epilogue / 2) + epilogue / 2
@@ -159,6 +160,7 @@ Plan MakePlan(const GemmAmaxProblem& p, int sms, const PlanOptions& opt, size_t 
             cost = c;
           }
         }
+        if (pre < 0) continue;  // weight-only, and A' does not fit
         // A candidate must be 2% cheaper than the best so far (the model's error), except a tail
         // split of the same tiles as the best: the two share their whole waves, so the model's
         // error on what differs (the last wave) is far below 2% of the whole (4-way over 3-way
@@ -224,11 +226,16 @@ size_t WorkspaceBytes(const GemmAmaxProblem& p, bool offer_copies) {
   // workspace followed by A's copy (split plans pre-convert A only).
   const size_t split = SplitWorkspaceBytes(p);
   if (!offer_copies) return split;
-  const size_t a = OfferA(p) ? PreconvertedABytes(p) : 0, b = OfferB(p) ? PreconvertedBBytes(p) : 0;
+  const size_t a = OfferA(p) || p.weight_only() ? PreconvertedABytes(p) : 0, b = OfferB(p) ? PreconvertedBBytes(p) : 0;
   return std::max(split + a, a + b);
 }
 
-Plan PlanOf(const GemmAmaxProblem& p, int sms, const PlanOptions& opt, size_t workspace_bytes) {
+Plan PlanOf(const GemmAmaxProblem& p, int sms, const PlanOptions& options, size_t workspace_bytes) {
+  PlanOptions opt = options;
+  if (p.weight_only()) {  // only the tile-256 A' kernels read a 16-bit A (its copy, PreconvertValuesKernel)
+    opt.force_tile_m = 256;
+    opt.preconvert_a = 1;
+  }
   PreChoices pc;
   pc.unsplit = PreconvertPossible(p, workspace_bytes, opt);
   pc.split_a = WantA(p, opt);

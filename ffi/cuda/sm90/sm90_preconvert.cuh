@@ -174,5 +174,40 @@ __global__ void __launch_bounds__(kPreconvertThreads, 4) PreconvertKernel(const 
   asm volatile("griddepcontrol.wait;" ::: "memory");
 }
 
+// Weight-only problems: A's bfloat16 values -> A', the layout PreconvertKernel gives a converted
+// A (the same units, K order, fragment-order rows), with no conversion: BF16 already holds them.
+// FP4 variants multiply by 2^-kD, the offset both FP4 operands carry (exact for |a| >= 2^-118;
+// below, a bf16 subnormal keeps what it can, as the tensor cores do for products that small).
+// In ConvertRowUnit's K order, chunk c of unit u holds the pairs 2c, 2c + 1 of its four pieces t,
+// piece t being 16 consecutive K values at k0(u) + kStride * t; so each thread makes one chunk from
+// four 32-bit loads (a warp: four units, 32-byte segments) and one 16-byte store (a warp: 512
+// contiguous bytes). q.codes is A, q.row_bytes = 2K; sf and bound are unused.
+constexpr int kPreconvertValuesThreads = 256;
+template <int V>
+__global__ void __launch_bounds__(kPreconvertValuesThreads) PreconvertValuesKernel(const PreconvertParams q) {
+  asm volatile("griddepcontrol.launch_dependents;");  // see PreconvertKernel
+  using Tr = VariantTraits<V>;
+  const long long i = static_cast<long long>(blockIdx.x) * kPreconvertValuesThreads + threadIdx.x;
+  if (i < 8ll * q.units) {
+    const int c = static_cast<int>(i & 7);
+    const UnitPos pos(static_cast<int>(i >> 3), q);
+    const long long k0 = Tr::kFp4 ? 256ll * (pos.u >> 2) + 128 * ((pos.u >> 1) & 1) + 16 * (pos.u & 1) : 64ll * pos.u;
+    constexpr int kStride = Tr::kFp4 ? 32 : 16;
+    const long long k_end = q.row_bytes / 2;
+    const uint32_t* src =
+        reinterpret_cast<const uint32_t*>(q.codes + (static_cast<long long>(pos.l) * q.rows + pos.r) * q.row_bytes);
+    uint32_t w[4];
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      const long long k = k0 + kStride * t + 2 * c;  // even, and K is even: the pair lies within K or past it
+      w[t] = k < k_end ? __ldg(src + k / 2) : 0u;
+      if constexpr (Tr::kFp4) w[t] = MulBF16x2(w[t], ((127u - Tr::kD) << 7) * 0x10001u);
+    }
+    const long long dst = (static_cast<long long>(pos.l) * q.out_rows + FragOrderRow(pos.r)) * q.units_per_row + pos.u;
+    reinterpret_cast<uint4*>(q.out)[dst * 8 + c] = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+  asm volatile("griddepcontrol.wait;" ::: "memory");  // see PreconvertKernel
+}
+
 }  // namespace sm90
 }  // namespace jga

@@ -46,7 +46,7 @@ def workspace_bytes(batch, m, n, k, operand_dtype, scale_dtype, sf_vec_size, off
 def weight_only_kernel_workspace(batch, m, n, k, activation_dtype, operand_dtype, scale_dtype, sf_vec_size) -> int:
     """For a weight-only call (``a (batch, m, k)`` bfloat16/float16, ``b (batch, n, ...)``): the
     device workspace of the kernel the CUDA handler runs the problem on: on an sm_90 GPU the
-    Hopper GEMM for a bfloat16 ``a`` of more than 32 rows, else the few-row kernel for M <= 128 (on
+    Hopper GEMM for a bfloat16 ``a`` of more than 64 rows, else the few-row kernel for M <= 128 (on
     the current GPU if it is an sm_90/sm_100 part the build has kernels for, or on any such GPU when
     lowered without one); -1 where none does (the call then goes through XLA). k in elements. No
     GPU needed."""

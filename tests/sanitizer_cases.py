@@ -50,8 +50,8 @@ for name, kind, sf, sfv, m, n, k, batch, c_dtype in cases:
     print(f"{name}: ok on {jax.devices()[0].device_kind}", flush=True)
 
 # Weight-only calls (bfloat16/float16 a, sfa=None) on the few-row kernel: split-K, batches, partial
-# tiles and a K tail, every B format; on sm_90 a bfloat16 a of more rows runs on the Hopper GEMM (A's
-# BF16 copy: rows past a multiple of 8, a K tail, split-K); checked against the CPU backend.
+# tiles and a K tail, every B format; on sm_90 a bfloat16 a of more than 64 rows runs on the Hopper
+# GEMM (A's BF16 copy: rows past a multiple of 8, a K tail, split-K); checked against the CPU backend.
 E8M0, E4M3 = ml_dtypes.float8_e8m0fnu, ml_dtypes.float8_e4m3fn
 weight_only_cases = [  # (name, a dtype, b kind, scale dtype, sf_vec_size, m, n, k, batch, c dtype)
     ("few rows weight-only bf16 x mxfp4 split-K -> bf16", "bfloat16", "fp4", E8M0, 32, 13, 200, 4096, 1, "bfloat16"),
@@ -64,13 +64,13 @@ weight_only_cases = [  # (name, a dtype, b kind, scale dtype, sf_vec_size, m, n,
         "e4m3",
         E8M0,
         32,
-        41,
+        73,
         136,
         96,
         3,
         "bfloat16",
     ),
-    ("hopper gemm weight-only bf16 x nvfp4 split-K -> f32", "bfloat16", "fp4", E4M3, 16, 48, 256, 8192, 1, "float32"),
+    ("hopper gemm weight-only bf16 x nvfp4 split-K -> f32", "bfloat16", "fp4", E4M3, 16, 100, 256, 8192, 1, "float32"),
     # scales within 2^-64..2^1: folded stages; 100 rows: two launches
     (
         "few rows weight-only bf16 x mxfp4 folded 100 rows batched -> bf16",

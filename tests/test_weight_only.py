@@ -31,7 +31,7 @@ CPU = jax.devices("cpu")[0]
 
 
 def on_sm90() -> bool:
-    """Lowering happens for this GPU: a bfloat16 a of more than 32 rows takes the Hopper GEMM."""
+    """Lowering happens for this GPU: a bfloat16 a of more than 64 rows takes the Hopper GEMM."""
     return on_gpu() and getattr(jax.devices()[0], "compute_capability", "") == "9.0"
 
 
@@ -172,12 +172,12 @@ def test_nan_in_a_or_b_or_a_scale(rng, a_dtype):
     np.testing.assert_array_equal(np.isnan(np.asarray(acc[0])), want)
 
 
-@pytest.mark.parametrize("impl,m", [("kernel", 4), ("kernel", 40), ("reference", 4), ("xla_path", 4)])
+@pytest.mark.parametrize("impl,m", [("kernel", 4), ("kernel", 72), ("reference", 4), ("xla_path", 4)])
 @pytest.mark.parametrize("a_dtype", sorted(A_DTYPES))
 def test_extreme_scales(rng, impl, m, a_dtype):
     """e8m0 2^127 on tiny a and 2^-127 on large a: C is an ordinary number (and subnormal where
     2^-127 meets ordinary a), as in the block-scaled op: the scale multiplies the group's dot.
-    40 rows: on sm_90 a bfloat16 a takes the Hopper GEMM, whose exact path reads a's values."""
+    72 rows: on sm_90 a bfloat16 a takes the Hopper GEMM, whose exact path reads a's values."""
     n, k, sfv = 64, 128, 32
     big_a = 2.0**12 if a_dtype == "float16" else 2.0**100
     tiny_a = 2.0**-14 if a_dtype == "float16" else 2.0**-100
@@ -351,10 +351,10 @@ def test_sharded_matches_unsharded(rng, b_format, a_spec, b_spec):
 )
 def test_cuda_lowering_picks_the_few_row_kernel_or_a_dot(rng, b_format, m, kernel):
     """Lowered without a GPU (or for one but sm_90): the few-row kernel up to 128 rows, XLA's dot
-    beyond; for an sm_90 GPU a bfloat16 a of more than 32 rows takes the Hopper GEMM."""
+    beyond; for an sm_90 GPU a bfloat16 a of more than 64 rows takes the Hopper GEMM."""
     if not _ffi.BUILT_WITH_CUDA:
         pytest.skip("built without the CUDA backend")
-    kernel = kernel or (on_sm90() and m > 32)
+    kernel = kernel or (on_sm90() and m > 64)
     a, b, sfb, sfv = _problem(rng, b_format, "bfloat16", m, 128, 256)
     f = jax.jit(lambda *x: jga.gemm_amax(*x, sf_vec_size=sfv, c_dtype=jnp.bfloat16))
     try:
@@ -378,19 +378,19 @@ def test_weight_only_kernel_workspace_answers_per_problem():
     assert ws(1, 129, 8192, 8192, "float16", "float8_e4m3fn", "float8_e8m0fnu", 32) == -1
     assert ws(1, 100, 8192, 8192, "bfloat16", "uint8", "float8_e8m0fnu", 32) > 0
     assert ws(1, 8, 256, 256, "bfloat16", "uint8", "float8_e8m0fnu", 16) == -1  # FP4 e8m0 per 16: no kernel
-    # a bfloat16 a of more than 32 rows: on an sm_90 GPU the Hopper GEMM, with at least A's BF16
+    # a bfloat16 a of more than 64 rows: on an sm_90 GPU the Hopper GEMM, with at least A's BF16
     # copy (2 bytes per element) in its workspace; lowered without one, the few-row kernel (<= 128)
     gemm = ws(1, 129, 8192, 8192, "bfloat16", "float8_e4m3fn", "float8_e8m0fnu", 32)
-    sfv16 = ws(1, 64, 8192, 8192, "bfloat16", "uint8", "float8_e8m0fnu", 16)
+    sfv16 = ws(1, 65, 8192, 8192, "bfloat16", "uint8", "float8_e8m0fnu", 16)
     if on_sm90():
-        assert gemm >= 2 * 136 * 8192 and sfv16 >= 2 * 64 * 8192
+        assert gemm >= 2 * 136 * 8192 and sfv16 >= 2 * 72 * 8192
     else:
         assert gemm == -1 and sfv16 == -1
     with pytest.raises(ValueError, match="bfloat16 or float16"):
         ws(1, 8, 256, 256, "float32", "float8_e4m3fn", "float8_e8m0fnu", 32)
 
 
-# sm_90: bfloat16 a from 33 rows on the Hopper GEMM; float16 a at 100 and 128 rows two few-row
+# sm_90: bfloat16 a from 65 rows on the Hopper GEMM; float16 a at 100 and 128 rows two few-row
 # launches (64 + 36, 64 + 64), at 300 XLA's dot
 GPU_CASES = [(b, a, m) for b in sorted(B_FORMATS) for a in sorted(A_DTYPES) for m in (1, 7, 16, 33, 64, 100, 128, 300)]
 
@@ -424,11 +424,11 @@ def test_gpu_few_row_kernel_split_k_batches_and_k_tail(rng, b_format, a_dtype):
 @pytest.mark.skipif(not on_sm90(), reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("b_format", sorted(B_FORMATS))
 def test_gpu_hopper_gemm_plans_k_tails_and_batches(rng, b_format):
-    """A bfloat16 a of more than 32 rows on the Hopper GEMM, through A's BF16 copy: few tiles over
+    """A bfloat16 a of more than 64 rows on the Hopper GEMM, through A's BF16 copy: few tiles over
     K = 8192 (split-K), rows not a multiple of 8 with a K tail inside a 64-K unit and 3 batch
     items, and 2100 rows (where B may be converted in a pass too)."""
     k_tail = 96 if b_format in ("e4m3", "e5m2") else 160
-    for m, n, k, batch in [(48, 256, 8192, 1), (41, 136, k_tail, 3), (2100, 384, 512, 1)]:
+    for m, n, k, batch in [(100, 256, 8192, 1), (73, 136, k_tail, 3), (2100, 384, 512, 1)]:
         a, b, sfb, sfv = _problem(rng, b_format, "bfloat16", m, n, k, batch=batch)
         assert _ffi.weight_only_kernel_workspace(batch, m, n, k, "bfloat16", b.dtype, sfb.dtype, sfv) >= 2 * m * k
         f = jax.jit(lambda *x, sfv=sfv: jga.gemm_amax(*x, sf_vec_size=sfv, c_dtype=jnp.bfloat16))
@@ -468,7 +468,7 @@ def test_gpu_folded_and_group_path_stages(rng, b_format, m):
 @pytest.mark.skipif(not on_gpu(), reason="needs a GPU")
 @pytest.mark.parametrize("a_dtype", sorted(A_DTYPES))
 @pytest.mark.parametrize("b_format,codes", [("e4m3", (0x7F, 0xFF)), ("e5m2", (0x7C, 0xFC, 0x7E))])
-@pytest.mark.parametrize("m", [7, 40])
+@pytest.mark.parametrize("m", [7, 72])
 def test_gpu_kernels_keep_nan_and_inf_codes_of_b(rng, b_format, a_dtype, codes, m):
     a, b, sfb, sfv = _problem(rng, b_format, a_dtype, m, 144, 96)
     raw = b.view(np.uint8).copy()
@@ -490,7 +490,7 @@ def test_gpu_kernels_keep_nan_and_inf_codes_of_b(rng, b_format, a_dtype, codes, 
 
 @pytest.mark.skipif(not on_gpu(), reason="needs a GPU")
 @pytest.mark.parametrize("c_dtype", ["bfloat16", "float8_e4m3fn"])
-@pytest.mark.parametrize("m", [7, 40])
+@pytest.mark.parametrize("m", [7, 72])
 def test_gpu_c_dtypes_nan_and_extreme_scales(rng, c_dtype, m):
     a, b, sfb, sfv = _problem(rng, "mxfp4", "bfloat16", m, 128, 256)
     a[0, 2, 5] = np.nan

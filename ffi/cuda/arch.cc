@@ -40,10 +40,12 @@ int CurrentCc() {
   if (cudaGetDevice(&device) == cudaSuccess) ComputeCapability(device, &cc);
   return cc;
 }
-// Measured on an H100 (benchmarks/RESULTS.md, decode table): from 48 rows on, the GEMM beats the
-// few-row kernel's 64-token CTAs, as for a block-scaled A (skinny::kMaxScaledM).
+// Above one few-row launch (skinny::kMaxM, 64 rows). H100, MXFP8 and MXFP4 against 8192x8192,
+// 28672x8192 and 8192x28672 (benchmarks/RESULTS.md, decode table): at 128 rows the GEMM took
+// 76-237 us where two few-row launches took 130-527; at 33-64 rows 84-305 us against the few-row
+// kernel's 68-279 (its A' plans are tile 256: at 64 rows three quarters of the MMAs are padding).
 bool WeightOnlyOnGemm(const GemmAmaxProblem& p, int cc) {
-  return cc == 90 && p.a_type == ActivationType::kBF16 && p.m > skinny::kMaxScaledM && sm90::Unsupported(p) == nullptr;
+  return cc == 90 && p.a_type == ActivationType::kBF16 && p.m > skinny::kMaxM && sm90::Unsupported(p) == nullptr;
 }
 bool WeightOnlyOnFewRows(const GemmAmaxProblem& p, int cc) {
   return (cc == 0 || FewRowKernelBuiltFor(cc)) && skinny::Accepts(p);

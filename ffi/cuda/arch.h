@@ -17,7 +17,7 @@ cudaError_t ComputeCapability(int device, int* cc);
 // Whether this build has the few-row kernel for compute capability `cc` (sm_90a; sm_100a where built).
 bool FewRowKernelBuiltFor(int cc);
 
-// Weight-only problems: on compute capability 9.0 a bfloat16 A of more than skinny::kMaxScaledM rows
+// Weight-only problems: on compute capability 9.0 a bfloat16 A of more than skinny::kMaxM (64) rows
 // runs on the sm_90 GEMM (its A' plans, whose BF16 copy of A is A's values as they are) when the
 // call has the workspace that asks for (sm90::WorkspaceBytes); otherwise on the few-row kernel where
 // it takes the problem (skinny::Accepts: M <= 128, float16 A too); else on no CUDA kernel (the JAX

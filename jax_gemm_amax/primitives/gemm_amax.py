@@ -13,7 +13,7 @@ bytes for packed FP4) and one amax per batch item ``(L,)``.
 Weight-only calls (``a (L, M, K)`` bfloat16/float16, unscaled) bind the same primitives without
 the ``sfa`` operand: ``(a, b, sfb)``. On CPU they lower to their own FFI target; on CUDA to the
 weight-only CUDA target where a kernel takes the problem (the Hopper GEMM for a bfloat16 A of
-more than 32 rows, else the few-row kernel for M <= 128 on sm_90a or sm_100a; the extension
+more than 64 rows, else the few-row kernel for M <= 128 on sm_90a or sm_100a; the extension
 answers, ``_ffi.weight_only_kernel_workspace``), else through XLA itself
 (:func:`jax_gemm_amax.ops.weight_only_sum`, a cuBLAS dot). Their sharding follows the same plan,
 without ``sfa``.

@@ -205,7 +205,6 @@ cudaError_t LaunchWithOptions(const GemmAmaxProblem& p, const GemmAmaxBuffers& b
   k.b = static_cast<const uint8_t*>(buf.b);
   k.row_bytes = static_cast<long long>(kbytes);
   k.a_row_bytes = p.a_row_bytes();
-  k.a_values = p.weight_only() ? 1 : 0;
   ctx.device = dev;
   ctx.stream = stream;
 

@@ -86,9 +86,8 @@ struct KParams {
   const uint8_t* b;
   long long row_bytes;
   const unsigned int* pre_bounds;
-  // Weight-only problems (A' plans only): A holds bfloat16 values, a_row_bytes = 2K, no SFA.
+  // Weight-only problems (the kValuesA kernels): A holds bfloat16 values, a_row_bytes = 2K, no SFA.
   long long a_row_bytes;
-  int a_values;
 };
 // Words of a reset word's allocation (AllocResetWord): the round word, the passes' two bounds.
 constexpr int kResetWords = 3;
@@ -143,7 +142,10 @@ constexpr int kStageBytesPerWarp = 1024;
 // n-tiles of one m-tile) and each loads half of the A' rows, multicast to both, so that a CTA's
 // L2->SM traffic per unit is 8 + 16 KB instead of 16 + 16: without it the 128-row tiles' main loop
 // is L2-bound, 3-5% slower than the cooperative kernel's.
-constexpr int kPreB = 1, kPreA = 2, kPingPong = 4;
+// kValuesA: A' kernels for weight-only problems, whose A' is A's bfloat16 values (KParams::a_values):
+// their exact path reads those (ExactElement); separate kernels, so that the block-scaled ones keep
+// their registers and schedule.
+constexpr int kPreB = 1, kPreA = 2, kPingPong = 4, kValuesA = 8;
 // The shape of a kernel's work, for the kernel (Smem) and the host that launches it: CTAs per
 // cluster (along N; a ping-pong cluster's CTAs each load a part of the A tile for both), rows of a
 // tile (ping-pong: one warpgroup's).
@@ -154,6 +156,8 @@ struct Smem {
   using Tr = VariantTraits<V>;
   static constexpr bool kPreconvertedA = (kPre & kPreA) != 0, kPreconvertedB = (kPre & kPreB) != 0;
   static constexpr bool kPingPongTiles = (kPre & kPingPong) != 0;
+  static constexpr bool kValuesInA = (kPre & kValuesA) != 0;
+  static_assert(!kValuesInA || kPreconvertedA, "weight-only: A' kernels only");
   static_assert(!kPingPongTiles || (kPreconvertedA && kPreconvertedB && MI == 2),
                 "ping-pong: A'B' tile 256 kernel only");
   static_assert(kPingPongTiles || !(kPreconvertedA && kPreconvertedB), "A'B': the ping-pong kernel only");

@@ -280,9 +280,8 @@ __device__ __forceinline__ void Consume(const Cta<Smem<V, MI, kPre>>& cta) {
       const uint32_t ab = S::kPreconvertedA ? PreBound<V>(p, 1) : __reduce_min_sync(0xFFFFFFFFu, a_bound);
       const uint32_t bb = S::kPreconvertedB ? PreBound<V>(p, 0) : b_bound;
       if (ab == 0u || bb == 0u || ab + bb < static_cast<uint32_t>(Tr::kSafeSum)) {
-        ExactAccumulators<MI, V, S::kPreconvertedA>(acc, p, tc.l, row_w(), col_t(), lane,
-                                                    wu.slab_lo * Tr::kGroupsPerSlab,
-                                                    min(wu.slab_hi * Tr::kGroupsPerSlab, p.k_groups));
+        ExactAccumulators<MI, V, S::kValuesInA>(acc, p, tc.l, row_w(), col_t(), lane, wu.slab_lo * Tr::kGroupsPerSlab,
+                                                min(wu.slab_hi * Tr::kGroupsPerSlab, p.k_groups));
       }
     }
 

@@ -32,9 +32,7 @@ __device__ __forceinline__ float2 DecodePair(uint32_t x) {
 
 // C element (l, row, col) summed over K groups [g0, g1): per group the fp32 dot of the decoded
 // codes (in K order, as the CPU backend sums them), times the scales (ScaleBlockDot), in fp32.
-// kValuesA: the kernel may run weight-only problems (the A' kernels), where A holds bfloat16 values
-// (KParams::a_values); compiled there only, as the branch costs registers.
-template <int V, bool kValuesA>
+template <int V>
 __device__ __forceinline__ float ExactElement(const KParams& p, int l, int row, int col, int g0, int g1) {
   using Tr = VariantTraits<V>;
   constexpr int kGroupBytes = Tr::kFp4 ? Tr::kSfv / 2 : Tr::kSfv;
@@ -44,31 +42,6 @@ __device__ __forceinline__ float ExactElement(const KParams& p, int l, int row, 
   const uint8_t* sfb = p.sfb + l * p.sfb_batch_stride + static_cast<long long>(col >> 7) * p.k_blocks * 512;
   constexpr ScaleType kScale = Tr::kScaleE4M3 ? ScaleType::kE4M3 : ScaleType::kE8M0;
   float sum = 0.0f;
-  if (kValuesA && p.a_values) {  // weight-only: bfloat16 A values against B's codes, SFA = 1 (numerics.h)
-    const uint32_t* av =
-        reinterpret_cast<const uint32_t*>(p.a + (static_cast<long long>(l) * p.m + row) * p.a_row_bytes);
-    constexpr uint8_t kUnitScale = Tr::kScaleE4M3 ? 0x38 : 127;  // 1.0 as an e4m3 / e8m0 byte
-#pragma unroll 1
-    for (int g = g0; g < g1; ++g) {
-      const uint32_t* bw = reinterpret_cast<const uint32_t*>(b + static_cast<long long>(g) * kGroupBytes);
-      float dot = 0.0f;
-#pragma unroll 1
-      for (int w = 0; w < kGroupBytes / 4; ++w) {
-        const uint32_t y = __ldg(bw + w);
-#pragma unroll
-        for (int h = 0; h < 32; h += Tr::kFp4 ? 8 : 16) {  // a pair of B's codes, K index k = 2 * (pair)
-          const int k = g * Tr::kSfv + w * (Tr::kFp4 ? 8 : 4) + h / (Tr::kFp4 ? 4 : 8);
-          const uint32_t x = __ldg(av + k / 2);
-          const float2 v = DecodePair<V>(y >> h);
-          dot = fmaf(__uint_as_float(x << 16), v.x, dot);
-          dot = fmaf(__uint_as_float(x & 0xFFFF0000u), v.y, dot);
-        }
-      }
-      const uint32_t off = (g >> 2) * 512;
-      sum += ScaleBlockDot(dot, kScale, kUnitScale, sfb[off + SfInBlock(col, g & 3)]);
-    }
-    return sum;
-  }
 #pragma unroll 1
   for (int g = g0; g < g1; ++g) {
     const uint32_t* aw = reinterpret_cast<const uint32_t*>(a + static_cast<long long>(g) * kGroupBytes);
@@ -89,6 +62,40 @@ __device__ __forceinline__ float ExactElement(const KParams& p, int l, int row, 
   }
   return sum;
 }
+// ExactElement of a weight-only problem (the kValuesA kernels): A's bfloat16 values (a_row_bytes
+// apart) against B's codes, SFA = 1, as the CPU backend computes it.
+template <int V>
+__device__ __forceinline__ float ExactValuesElement(const KParams& p, int l, int row, int col, int g0, int g1) {
+  using Tr = VariantTraits<V>;
+  constexpr int kGroupBytes = Tr::kFp4 ? Tr::kSfv / 2 : Tr::kSfv;
+  constexpr int kPerWord = Tr::kFp4 ? 8 : 4;                   // B's codes per 32-bit word
+  constexpr uint8_t kUnitScale = Tr::kScaleE4M3 ? 0x38 : 127;  // 1.0 as an e4m3 / e8m0 byte
+  const uint32_t* a = reinterpret_cast<const uint32_t*>(p.a + (static_cast<long long>(l) * p.m + row) * p.a_row_bytes);
+  const uint8_t* b = p.b + (static_cast<long long>(l) * p.n + col) * p.row_bytes;
+  const uint8_t* sfb = p.sfb + l * p.sfb_batch_stride + static_cast<long long>(col >> 7) * p.k_blocks * 512;
+  constexpr ScaleType kScale = Tr::kScaleE4M3 ? ScaleType::kE4M3 : ScaleType::kE8M0;
+  float sum = 0.0f;
+#pragma unroll 1
+  for (int g = g0; g < g1; ++g) {
+    const uint32_t* bw = reinterpret_cast<const uint32_t*>(b + static_cast<long long>(g) * kGroupBytes);
+    float dot = 0.0f;
+#pragma unroll 1
+    for (int w = 0; w < kGroupBytes / 4; ++w) {
+      const uint32_t y = __ldg(bw + w);
+#pragma unroll
+      for (int j = 0; j < kPerWord / 2; ++j) {  // codes 2j, 2j + 1 of the word against A's pair at k
+        const int k = g * Tr::kSfv + w * kPerWord + 2 * j;
+        const uint32_t x = __ldg(a + k / 2);
+        const float2 v = DecodePair<V>(y >> (Tr::kFp4 ? 8 * j : 16 * j));
+        dot = fmaf(__uint_as_float(x << 16), v.x, dot);
+        dot = fmaf(__uint_as_float(x & 0xFFFF0000u), v.y, dot);
+      }
+    }
+    const uint32_t off = (g >> 2) * 512;
+    sum += ScaleBlockDot(dot, kScale, kUnitScale, sfb[off + SfInBlock(col, g & 3)]);
+  }
+  return sum;
+}
 
 // A lower bound of a pre-converted operand's ScaleBound (KParams::pre_bounds: 0 B', 1 A', where the
 // passes' rare-path warps leave their bounds; the common path's are kSafeHalf). The passes have
@@ -106,7 +113,7 @@ __device__ __forceinline__ uint32_t PreBound(const KParams& p, int which) {
 // 0 outside C. The elements go one at a time (a loop, not unrolled: 128 inlined copies of
 // ExactElement would bloat every kernel), each written into its register by a compare per
 // accumulator (acc with a run-time index would live in local memory).
-template <int MI, int V, bool kValuesA>
+template <int MI, int V, bool kValues>
 __device__ __forceinline__ void ExactAccumulators(float (&acc)[MI][64], const KParams& p, int l, int row_w, int col_t,
                                                   int lane, int g0, int g1) {
   const int gr = FragRow(lane >> 2), t = lane & 3;
@@ -115,7 +122,14 @@ __device__ __forceinline__ void ExactAccumulators(float (&acc)[MI][64], const KP
     const int mi = e >> 6, i = e & 63;
     const int row = row_w + gr + 64 * mi + 8 * ((i >> 1) & 1);
     const int col = col_t + 2 * t + 8 * (i >> 2) + (i & 1);
-    const float v = (row < p.m && col < p.n) ? ExactElement<V, kValuesA>(p, l, row, col, g0, g1) : 0.0f;
+    float v = 0.0f;
+    if (row < p.m && col < p.n) {
+      if constexpr (kValues) {
+        v = ExactValuesElement<V>(p, l, row, col, g0, g1);
+      } else {
+        v = ExactElement<V>(p, l, row, col, g0, g1);
+      }
+    }
 #pragma unroll
     for (int m2 = 0; m2 < MI; ++m2)
 #pragma unroll

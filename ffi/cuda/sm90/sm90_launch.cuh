@@ -31,11 +31,14 @@ struct LaunchCtx {
 // Per device and kernel: how many clusters fit on the GPU at once (a persistent grid
 // must be co-resident; not every SM can host a CTA of a cluster). Filled by Prepare*().
 // kind: 0 the plain kernel, 1 split-K, 1 + kPre with pre-converted operands (2: B', 3: A', 8: A'B'
-// ping-pong, 2-CTA clusters), 5 split-K with pre-converted A.
+// ping-pong, 2-CTA clusters; weight-only 11: A', 16: A'B'), 5 split-K with pre-converted A (17:
+// weight-only).
 constexpr int kMaxDevices = 64;
-constexpr int kKernelKinds = 9;  // kinds 0 .. 1 + (kPreA | kPreB | kPingPong)
+constexpr int kKernelKinds = 18;
 int& MaxActiveClusters(int device, int variant, int mi, int kind);
-constexpr int KernelKind(bool split_k, int pre) { return split_k ? (pre != 0 ? 5 : 1) : pre != 0 ? 1 + pre : 0; }
+constexpr int KernelKind(bool split_k, int pre) {
+  return split_k ? (pre == 0 ? 1 : (pre & kValuesA) ? 17 : 5) : pre != 0 ? 1 + pre : 0;
+}
 
 cudaError_t LaunchVariant0(const LaunchCtx& ctx);  // e4m3, e8m0/32
 cudaError_t LaunchVariant1(const LaunchCtx& ctx);  // e5m2, e8m0/32
@@ -43,8 +46,9 @@ cudaError_t LaunchVariant2(const LaunchCtx& ctx);  // e2m1, e8m0/32
 cudaError_t LaunchVariant3(const LaunchCtx& ctx);  // e2m1, e8m0/16
 cudaError_t LaunchVariant4(const LaunchCtx& ctx);  // e2m1, e4m3/16 (NVFP4)
 
-// Loads the eight kernels of variant V (two tile heights, with and without split-K; tile 256 with
-// pre-converted A, B, or both (ping-pong), and split-K with pre-converted A) on the current device
+// Loads the eleven kernels of variant V (two tile heights, with and without split-K; tile 256 with
+// pre-converted A, B, or both (ping-pong), and split-K with pre-converted A; the three with A' again
+// for weight-only problems) on the current device
 // and raises their dynamic shared-memory limit. Must run outside stream capture (it may load the module
 // lazily): see Prepare().
 cudaError_t PrepareVariant0();
@@ -112,6 +116,9 @@ cudaError_t ConfigureKernels() {
     if (err == cudaSuccess) err = ConfigureKernel<V, MI, false, kPreA>();
     if (err == cudaSuccess) err = ConfigureKernel<V, MI, false, kPreA | kPreB | kPingPong>();
     if (err == cudaSuccess) err = ConfigureKernel<V, MI, true, kPreA>();
+    if (err == cudaSuccess) err = ConfigureKernel<V, MI, false, kPreA | kValuesA>();
+    if (err == cudaSuccess) err = ConfigureKernel<V, MI, false, kPreA | kPreB | kPingPong | kValuesA>();
+    if (err == cudaSuccess) err = ConfigureKernel<V, MI, true, kPreA | kValuesA>();
   }
   return err;
 }
@@ -146,6 +153,20 @@ cudaError_t LaunchPreconvert(const PreconvertParams& q, cudaStream_t stream, boo
                 : cudaLaunchKernelEx(&cfg, PreconvertKernel<V>, q);
 }
 
+// The GEMM of a plan with pre-converted operands (kValues: kValuesA for weight-only problems).
+template <int V, int kValues>
+cudaError_t LaunchPreKernel(const LaunchCtx& ctx) {
+  if (ctx.params.splits > 1) return LaunchKernel<V, 2, true, kPreA | kValues>(ctx, true);
+  switch (ctx.pre) {
+    case kPreB:
+      if constexpr (kValues == 0) return LaunchKernel<V, 2, false, kPreB>(ctx, true);
+      return cudaErrorInvalidConfiguration;  // weight-only plans always take A' (PlanOf)
+    case kPreA: return LaunchKernel<V, 2, false, kPreA | kValues>(ctx, true);
+    case kPreA | kPreB | kPingPong: return LaunchKernel<V, 2, false, kPreA | kPreB | kPingPong | kValues>(ctx, true);
+    default: return cudaErrorInvalidConfiguration;
+  }
+}
+
 template <int V, int MI>
 cudaError_t LaunchVariantMI(const LaunchCtx& ctx) {
   if constexpr (MI == 2) {
@@ -161,13 +182,7 @@ cudaError_t LaunchVariantMI(const LaunchCtx& ctx) {
       if (err == cudaSuccess && (ctx.pre & kPreA))
         err = LaunchPreconvert<V>(ctx.pre_a, ctx.stream, (ctx.pre & kPreB) != 0, ctx.a_values);
       if (err != cudaSuccess) return err;
-      if (split) return LaunchKernel<V, 2, true, kPreA>(ctx, true);
-      switch (ctx.pre) {
-        case kPreB: return LaunchKernel<V, 2, false, kPreB>(ctx, true);
-        case kPreA: return LaunchKernel<V, 2, false, kPreA>(ctx, true);
-        case kPreA | kPreB | kPingPong: return LaunchKernel<V, 2, false, kPreA | kPreB | kPingPong>(ctx, true);
-        default: return cudaErrorInvalidConfiguration;
-      }
+      return ctx.a_values ? LaunchPreKernel<V, kValuesA>(ctx) : LaunchPreKernel<V, 0>(ctx);
     }
   }
   return ctx.params.splits > 1 ? LaunchKernel<V, MI, true>(ctx, false) : LaunchKernel<V, MI, false>(ctx, false);

@@ -1,5 +1,6 @@
 // The Python extension: hands the FFI handlers to jax_gemm_amax._ffi as capsules.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 
 #include <cstdint>
@@ -110,18 +111,24 @@ NB_MODULE(_jax_gemm_amax, m) {
   // Weight-only calls: the workspace of the kernel the CUDA handler runs the problem on (arch.h,
   // WeightOnlyRouteFor: the current GPU, or without one the few-row kernel that every GPU the build
   // has kernels for runs), -1 where none does (the JAX lowering then goes through XLA) or without CUDA.
-  m.def("weight_only_kernel_workspace",
+  // The kernel that route names (as sm90_plan's "kernel": "sm90", "skinny"), or "xla".
+  m.def("weight_only_kernel",
         [](int64_t batch, int64_t m, int64_t n, int64_t k, const std::string& activation_dtype,
-           const std::string& operand_dtype, const std::string& scale_dtype, int32_t sf_vec_size) -> int64_t {
+           const std::string& operand_dtype, const std::string& scale_dtype,
+           int32_t sf_vec_size) -> std::pair<int64_t, std::string> {
           jga::GemmAmaxProblem p = HostProblem(batch, m, n, k, operand_dtype, scale_dtype, sf_vec_size);
           if (activation_dtype == "bfloat16") p.a_type = jga::ActivationType::kBF16;
           else if (activation_dtype == "float16") p.a_type = jga::ActivationType::kF16;
           else
             throw std::invalid_argument("weight-only activations must be bfloat16 or float16, got " + activation_dtype);
 #if JGA_WITH_CUDA
-          return static_cast<int64_t>(jga::WeightOnlyWorkspaceBytes(p));
+          jga::WeightOnlyRoute route = jga::WeightOnlyRoute::kNone;
+          const int64_t bytes = static_cast<int64_t>(jga::WeightOnlyWorkspaceBytes(p, &route));
+          return {bytes, route == jga::WeightOnlyRoute::kGemm      ? "sm90"
+                         : route == jga::WeightOnlyRoute::kFewRows ? "skinny"
+                                                                   : "xla"};
 #else
-    return -1;
+    return {-1, "xla"};
 #endif
         });
 #if JGA_WITH_CUDA

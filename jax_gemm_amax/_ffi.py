@@ -43,14 +43,14 @@ def workspace_bytes(batch, m, n, k, operand_dtype, scale_dtype, sf_vec_size, off
     )
 
 
-def weight_only_kernel_workspace(batch, m, n, k, activation_dtype, operand_dtype, scale_dtype, sf_vec_size) -> int:
+def weight_only_kernel(batch, m, n, k, activation_dtype, operand_dtype, scale_dtype, sf_vec_size) -> tuple[int, str]:
     """For a weight-only call (``a (batch, m, k)`` bfloat16/float16, ``b (batch, n, ...)``): the
-    device workspace of the kernel the CUDA handler runs the problem on: on an sm_90 GPU the
-    Hopper GEMM for a bfloat16 ``a`` of more than 64 rows, else the few-row kernel for M <= 128 (on
-    the current GPU if it is an sm_90/sm_100 part the build has kernels for, or on any such GPU when
-    lowered without one); -1 where none does (the call then goes through XLA). k in elements. No
-    GPU needed."""
-    return _ext.weight_only_kernel_workspace(
+    kernel the CUDA handler runs the problem on and the device workspace to give it: on an sm_90
+    GPU the Hopper GEMM (``"sm90"``) for a bfloat16 ``a`` of more than 64 rows, else the few-row
+    kernel (``"skinny"``) for M <= 128 (on the current GPU if it is an sm_90/sm_100 part the build
+    has kernels for, or on any such GPU when lowered without one); ``(-1, "xla")`` where none does
+    (the call then goes through XLA). k in elements. No GPU needed."""
+    nbytes, kernel = _ext.weight_only_kernel(
         batch,
         m,
         n,
@@ -60,6 +60,12 @@ def weight_only_kernel_workspace(batch, m, n, k, activation_dtype, operand_dtype
         np.dtype(scale_dtype).name,
         sf_vec_size,
     )
+    return nbytes, kernel
+
+
+def weight_only_kernel_workspace(batch, m, n, k, activation_dtype, operand_dtype, scale_dtype, sf_vec_size) -> int:
+    """:func:`weight_only_kernel`'s workspace: bytes, or -1 where the call goes through XLA."""
+    return weight_only_kernel(batch, m, n, k, activation_dtype, operand_dtype, scale_dtype, sf_vec_size)[0]
 
 
 def sm90_plan(batch, m, n, k, operand_dtype, scale_dtype, sf_vec_size, workspace_bytes, sms=0) -> dict:

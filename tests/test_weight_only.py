@@ -386,6 +386,13 @@ def test_weight_only_kernel_workspace_answers_per_problem():
         assert gemm >= 2 * 136 * 8192 and sfv16 >= 2 * 72 * 8192
     else:
         assert gemm == -1 and sfv16 == -1
+    kernel = _ffi.weight_only_kernel
+    assert kernel(1, 16, 8192, 8192, "bfloat16", "float8_e4m3fn", "float8_e8m0fnu", 32) == (
+        ws(1, 16, 8192, 8192, "bfloat16", "float8_e4m3fn", "float8_e8m0fnu", 32),
+        "skinny",
+    )
+    big = kernel(1, 129, 8192, 8192, "bfloat16", "float8_e4m3fn", "float8_e8m0fnu", 32)
+    assert big == (gemm, "sm90" if on_sm90() else "xla")
     with pytest.raises(ValueError, match="bfloat16 or float16"):
         ws(1, 8, 256, 256, "float32", "float8_e4m3fn", "float8_e8m0fnu", 32)
 
@@ -430,7 +437,8 @@ def test_gpu_hopper_gemm_plans_k_tails_and_batches(rng, b_format):
     k_tail = 96 if b_format in ("e4m3", "e5m2") else 160
     for m, n, k, batch in [(100, 256, 8192, 1), (73, 136, k_tail, 3), (2100, 384, 512, 1)]:
         a, b, sfb, sfv = _problem(rng, b_format, "bfloat16", m, n, k, batch=batch)
-        assert _ffi.weight_only_kernel_workspace(batch, m, n, k, "bfloat16", b.dtype, sfb.dtype, sfv) >= 2 * m * k
+        nbytes, kernel = _ffi.weight_only_kernel(batch, m, n, k, "bfloat16", b.dtype, sfb.dtype, sfv)
+        assert kernel == "sm90" and nbytes >= 2 * m * k
         f = jax.jit(lambda *x, sfv=sfv: jga.gemm_amax(*x, sf_vec_size=sfv, c_dtype=jnp.bfloat16))
         _check(f(a, b, None, sfb), a, b, sfb, sfv, "bfloat16")
 

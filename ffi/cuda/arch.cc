@@ -58,10 +58,13 @@ WeightOnlyRoute WeightOnlyRouteFor(const GemmAmaxProblem& p, int cc, size_t work
   return WeightOnlyRoute::kNone;
 }
 
-long long WeightOnlyWorkspaceBytes(const GemmAmaxProblem& p) {
+long long WeightOnlyWorkspaceBytes(const GemmAmaxProblem& p, WeightOnlyRoute* route) {
   const int cc = CurrentCc();
-  if (WeightOnlyOnGemm(p, cc)) return static_cast<long long>(sm90::WorkspaceBytes(p));
-  if (WeightOnlyOnFewRows(p, cc)) return static_cast<long long>(skinny::WorkspaceBytes(p));
+  const size_t gemm = WeightOnlyOnGemm(p, cc) ? sm90::WorkspaceBytes(p) : 0;
+  const WeightOnlyRoute r = WeightOnlyRouteFor(p, cc, gemm);
+  if (route != nullptr) *route = r;
+  if (r == WeightOnlyRoute::kGemm) return static_cast<long long>(gemm);
+  if (r == WeightOnlyRoute::kFewRows) return static_cast<long long>(skinny::WorkspaceBytes(p));
   return -1;
 }
 

@@ -26,8 +26,8 @@ bool FewRowKernelBuiltFor(int cc);
 enum class WeightOnlyRoute { kNone, kFewRows, kGemm };
 WeightOnlyRoute WeightOnlyRouteFor(const GemmAmaxProblem& p, int cc, size_t workspace_bytes);
 // The workspace to offer a weight-only call on the current device by the rule above (its route's
-// need), or -1 where no CUDA kernel takes it.
-long long WeightOnlyWorkspaceBytes(const GemmAmaxProblem& p);
+// need), or -1 where no CUDA kernel takes it; the route in *route if given.
+long long WeightOnlyWorkspaceBytes(const GemmAmaxProblem& p, WeightOnlyRoute* route = nullptr);
 
 // Bytes of device workspace to offer a call of `p` (the custom call's workspace result, sized when
 // the JAX lowering runs): the rule of the current device's architecture (sm_90: sm90::WorkspaceBytes,

@@ -40,10 +40,10 @@ int CurrentCc() {
   if (cudaGetDevice(&device) == cudaSuccess) ComputeCapability(device, &cc);
   return cc;
 }
-// Above one few-row launch (skinny::kMaxM, 64 rows). H100, MXFP8 and MXFP4 against 8192x8192,
-// 28672x8192 and 8192x28672 (benchmarks/RESULTS.md, decode table): at 128 rows the GEMM took
-// 76-237 us where two few-row launches took 130-527; at 33-64 rows 84-305 us against the few-row
-// kernel's 68-279 (its A' plans are tile 256: at 64 rows three quarters of the MMAs are padding).
+// Above one few-row launch (skinny::kMaxM, 64 rows). H100, MXFP8 and MXFP4 weights of 8192x8192 to
+// 28672x8192 (benchmarks/RESULTS.md, decode tables; GPU time): at 128 rows the GEMM took 69-220 us
+// where two few-row launches took 122-502; at 48-64 rows 78-274 us against the few-row kernel's
+// 61-251 (the GEMM's A' plans are tile 256: at 64 rows three quarters of the MMAs are padding).
 bool WeightOnlyOnGemm(const GemmAmaxProblem& p, int cc) {
   return cc == 90 && p.a_type == ActivationType::kBF16 && p.m > skinny::kMaxM && sm90::Unsupported(p) == nullptr;
 }

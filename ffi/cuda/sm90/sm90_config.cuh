@@ -142,8 +142,8 @@ constexpr int kStageBytesPerWarp = 1024;
 // n-tiles of one m-tile) and each loads half of the A' rows, multicast to both, so that a CTA's
 // L2->SM traffic per unit is 8 + 16 KB instead of 16 + 16: without it the 128-row tiles' main loop
 // is L2-bound, 3-5% slower than the cooperative kernel's.
-// kValuesA: A' kernels for weight-only problems, whose A' is A's bfloat16 values (KParams::a_values):
-// their exact path reads those (ExactElement); separate kernels, so that the block-scaled ones keep
+// kValuesA: A' kernels for weight-only problems, whose A' is a copy of A's bfloat16 values: their
+// exact path reads those (ExactValuesElement); separate kernels, so that the block-scaled ones keep
 // their registers and schedule.
 constexpr int kPreB = 1, kPreA = 2, kPingPong = 4, kValuesA = 8;
 // The shape of a kernel's work, for the kernel (Smem) and the host that launches it: CTAs per

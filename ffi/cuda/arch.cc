@@ -60,12 +60,17 @@ WeightOnlyRoute WeightOnlyRouteFor(const GemmAmaxProblem& p, int cc, size_t work
 
 long long WeightOnlyWorkspaceBytes(const GemmAmaxProblem& p, WeightOnlyRoute* route) {
   const int cc = CurrentCc();
-  const size_t gemm = WeightOnlyOnGemm(p, cc) ? sm90::WorkspaceBytes(p) : 0;
-  const WeightOnlyRoute r = WeightOnlyRouteFor(p, cc, gemm);
+  WeightOnlyRoute r = WeightOnlyRoute::kNone;  // as WeightOnlyRouteFor given the workspace asked for here
+  long long bytes = -1;
+  if (WeightOnlyOnGemm(p, cc)) {
+    r = WeightOnlyRoute::kGemm;
+    bytes = static_cast<long long>(sm90::WorkspaceBytes(p));
+  } else if (WeightOnlyOnFewRows(p, cc)) {
+    r = WeightOnlyRoute::kFewRows;
+    bytes = static_cast<long long>(skinny::WorkspaceBytes(p));
+  }
   if (route != nullptr) *route = r;
-  if (r == WeightOnlyRoute::kGemm) return static_cast<long long>(gemm);
-  if (r == WeightOnlyRoute::kFewRows) return static_cast<long long>(skinny::WorkspaceBytes(p));
-  return -1;
+  return bytes;
 }
 
 size_t CudaWorkspaceBytes(const GemmAmaxProblem& p, bool offer_copies) {

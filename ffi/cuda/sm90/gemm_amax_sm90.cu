@@ -85,7 +85,7 @@ const char* Unsupported(const GemmAmaxProblem& p) {
   if (tm * tn * p.batch >= (1ll << 31)) return "sm90: too many tiles";
   if (p.weight_only()) {  // A's copy feeds the BF16 WGMMAs as it is (PreconvertValuesKernel)
     if (p.a_type != ActivationType::kBF16) return "sm90: weight-only problems take a bfloat16 A";
-    if (PreconvertedABytes(p) / 128 > static_cast<size_t>(INT_MAX - 32)) return "sm90: A too large";
+    if (!CopyFits(PreconvertedABytes(p))) return "sm90: A too large for its BF16 copy";
   }
   return nullptr;
 }

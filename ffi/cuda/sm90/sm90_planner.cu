@@ -198,10 +198,8 @@ bool OfferA(const GemmAmaxProblem& p) {
   return p.n >= kPreconvertAMinN && PreconvertedABytes(p) <= static_cast<size_t>(kPreconvertMaxBytes);
 }
 
-// The operands the options ask to pre-convert or the library offers to. PreconvertKernel numbers a copy's
-// 128-byte units with 32-bit ints (256 GiB; the library offers at most kPreconvertMaxBytes,
-// options may force more), and a warp's store loop counts up to 31 past the last unit.
-bool CopyFits(size_t bytes) { return bytes / 128 <= static_cast<size_t>(INT_MAX - 32); }
+// The operands the options ask to pre-convert or the library offers to (CopyFits: the library offers
+// at most kPreconvertMaxBytes, options may force more).
 bool WantA(const GemmAmaxProblem& p, const PlanOptions& opt) {
   return (opt.preconvert_a == 1 || (opt.preconvert_a < 0 && OfferA(p))) && CopyFits(PreconvertedABytes(p));
 }
@@ -219,6 +217,8 @@ int PreconvertPossible(const GemmAmaxProblem& p, size_t workspace_bytes, const P
 }
 
 }  // namespace
+
+bool CopyFits(size_t bytes) { return bytes / 128 <= static_cast<size_t>(INT_MAX - 32); }
 
 size_t WorkspaceBytes(const GemmAmaxProblem& p, bool offer_copies) {
   // The JAX lowering asks for this (through the extension); a smaller workspace only narrows the

@@ -47,6 +47,9 @@ long long PreconvertedRowBytes(const GemmAmaxProblem& p);
 long long PreconvertedARows(const GemmAmaxProblem& p);
 size_t PreconvertedBBytes(const GemmAmaxProblem& p);
 size_t PreconvertedABytes(const GemmAmaxProblem& p);
+// Whether a copy of `bytes` fits the passes' indexing: they number its 128-byte units with 32-bit
+// ints (256 GiB), and a warp's store loop counts up to 31 past the last unit.
+bool CopyFits(size_t bytes);
 
 // Overrides of the planner's choices (the defaults: the planner decides).
 struct PlanOptions {

@@ -63,7 +63,8 @@ class _Config:
 
 _SAVE_RESIDUALS = ("full", "quantized")
 _WEIGHT_ONLY_N_MULTIPLE = 16  # C's rows 16-byte aligned for every float C dtype
-_GRAD_N_MULTIPLE = 16 // np.dtype(np.float32).itemsize  # the backward GEMMs' fp32 C rows
+_GRAD_N_MULTIPLE = 8  # the backward GEMMs' C rows 16-byte aligned in 16-bit and fp32 C
+_DIRECT_C_DTYPES = (np.dtype(np.float32), np.dtype(jnp.bfloat16), np.dtype(jnp.float16))  # C dtypes the kernels store
 
 
 @functools.partial(
@@ -211,17 +212,20 @@ def _mx_matmul_bwd(cfg: _Config, residuals, cotangents):
         x_cols, w_rows = _quantize_along(x, g, -2, 1), _quantize_along(w, g, -1, _GRAD_N_MULTIPLE)
         x_dtype, w_dtype, k = x.dtype, w.dtype, x.shape[1]
     dy_rows, dy_cols = _quantize_both(dy, g, g, 1, _GRAD_N_MULTIPLE)
+
+    # The gradients are stored in their primals' dtypes directly where the kernel can (one rounding
+    # of the fp32 sums either way), not through an fp32 C and a cast.
+    def c_dtype(dtype):
+        return np.dtype(dtype) if np.dtype(dtype) in _DIRECT_C_DTYPES else np.dtype(np.float32)
+
     # dgrad: dX (M, in) = dY (M, out) · W (in, out)ᵀ, contraction over out.
-    dx, _ = _gemm(dy_rows, w_rows, g, np.float32, m, k)
+    dx, _ = _gemm(dy_rows, w_rows, g, c_dtype(x_dtype), m, k)
     # wgrad: dW (in, out) = Xᵀ (in, M) · dYᵀ (out, M)ᵀ, contraction over M.
-    dw, _ = _gemm(x_cols, dy_cols, g, np.float32, k, n)
+    dw, _ = _gemm(x_cols, dy_cols, g, c_dtype(w_dtype), k, n)
     return dx.astype(x_dtype), dw.astype(w_dtype)
 
 
 _mx_matmul.defvjp(_forward, _mx_matmul_bwd)
-
-
-_DIRECT_C_DTYPES = (np.dtype(np.float32), np.dtype(jnp.bfloat16), np.dtype(jnp.float16))
 
 
 _ACTIVATIONS = ("quantized", "bf16")

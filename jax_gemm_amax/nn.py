@@ -67,6 +67,13 @@ _GRAD_N_MULTIPLE = 8  # the backward GEMMs' C rows 16-byte aligned in 16-bit and
 _DIRECT_C_DTYPES = (np.dtype(np.float32), np.dtype(jnp.bfloat16), np.dtype(jnp.float16))  # C dtypes the kernels store
 
 
+def _c_dtype(dtype) -> np.dtype:
+    """The C dtype a GEMM whose result is wanted in ``dtype`` stores: ``dtype`` itself where the
+    kernels store it (one rounding of the fp32 sum either way), else float32 (cast afterwards)."""
+    dtype = np.dtype(dtype)
+    return dtype if dtype in _DIRECT_C_DTYPES else np.dtype(np.float32)
+
+
 @functools.partial(
     jax.tree_util.register_dataclass, data_fields=["q", "scales"], meta_fields=["fmt", "in_features", "out_features"]
 )
@@ -212,16 +219,11 @@ def _mx_matmul_bwd(cfg: _Config, residuals, cotangents):
         x_cols, w_rows = _quantize_along(x, g, -2, 1), _quantize_along(w, g, -1, _GRAD_N_MULTIPLE)
         x_dtype, w_dtype, k = x.dtype, w.dtype, x.shape[1]
     dy_rows, dy_cols = _quantize_both(dy, g, g, 1, _GRAD_N_MULTIPLE)
-
-    # The gradients are stored in their primals' dtypes directly where the kernel can (one rounding
-    # of the fp32 sums either way), not through an fp32 C and a cast.
-    def c_dtype(dtype):
-        return np.dtype(dtype) if np.dtype(dtype) in _DIRECT_C_DTYPES else np.dtype(np.float32)
-
+    # The gradients are stored in their primals' dtypes by the kernels, not through an fp32 C.
     # dgrad: dX (M, in) = dY (M, out) · W (in, out)ᵀ, contraction over out.
-    dx, _ = _gemm(dy_rows, w_rows, g, c_dtype(x_dtype), m, k)
+    dx, _ = _gemm(dy_rows, w_rows, g, _c_dtype(x_dtype), m, k)
     # wgrad: dW (in, out) = Xᵀ (in, M) · dYᵀ (out, M)ᵀ, contraction over M.
-    dw, _ = _gemm(x_cols, dy_cols, g, c_dtype(w_dtype), k, n)
+    dw, _ = _gemm(x_cols, dy_cols, g, _c_dtype(w_dtype), k, n)
     return dx.astype(x_dtype), dw.astype(w_dtype)
 
 
@@ -287,7 +289,7 @@ def mx_matmul(
     formats.get_format(fmt)
     formats.get_format(grad_fmt)
     out_dtype = np.dtype(out_dtype if out_dtype is not None else x.dtype)
-    c_dtype = out_dtype if out_dtype in _DIRECT_C_DTYPES else np.dtype(np.float32)
+    c_dtype = _c_dtype(out_dtype)
     if 0 in x.shape or n == 0:  # nothing to multiply: an empty (or all-zero) product
         return jnp.zeros((x.shape[0], n), out_dtype), jnp.zeros((), jnp.float32)
     if isinstance(w, PreparedWeight):

@@ -50,7 +50,7 @@ def weight_only_kernel(batch, m, n, k, activation_dtype, operand_dtype, scale_dt
     kernel (``"skinny"``) for M <= 128 (on the current GPU if it is an sm_90/sm_100 part the build
     has kernels for, or on any such GPU when lowered without one); ``(-1, "xla")`` where none does
     (the call then goes through XLA). k in elements. No GPU needed."""
-    nbytes, kernel = _ext.weight_only_kernel(
+    return _ext.weight_only_kernel(
         batch,
         m,
         n,
@@ -60,7 +60,6 @@ def weight_only_kernel(batch, m, n, k, activation_dtype, operand_dtype, scale_dt
         np.dtype(scale_dtype).name,
         sf_vec_size,
     )
-    return nbytes, kernel
 
 
 def weight_only_kernel_workspace(batch, m, n, k, activation_dtype, operand_dtype, scale_dtype, sf_vec_size) -> int:

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <limits>
 
 #include "cuda/skinny/skinny.h"
 #include "cuda/sm90/gemm_amax_sm90.h"
@@ -59,18 +60,15 @@ WeightOnlyRoute WeightOnlyRouteFor(const GemmAmaxProblem& p, int cc, size_t work
 }
 
 long long WeightOnlyWorkspaceBytes(const GemmAmaxProblem& p, WeightOnlyRoute* route) {
-  const int cc = CurrentCc();
-  WeightOnlyRoute r = WeightOnlyRoute::kNone;  // as WeightOnlyRouteFor given the workspace asked for here
-  long long bytes = -1;
-  if (WeightOnlyOnGemm(p, cc)) {
-    r = WeightOnlyRoute::kGemm;
-    bytes = static_cast<long long>(sm90::WorkspaceBytes(p));
-  } else if (WeightOnlyOnFewRows(p, cc)) {
-    r = WeightOnlyRoute::kFewRows;
-    bytes = static_cast<long long>(skinny::WorkspaceBytes(p));
-  }
+  // The route of a call given all the workspace it could ask for, and that route's need.
+  const WeightOnlyRoute r = WeightOnlyRouteFor(p, CurrentCc(), std::numeric_limits<size_t>::max());
   if (route != nullptr) *route = r;
-  return bytes;
+  switch (r) {
+    case WeightOnlyRoute::kGemm: return static_cast<long long>(sm90::WorkspaceBytes(p));
+    case WeightOnlyRoute::kFewRows: return static_cast<long long>(skinny::WorkspaceBytes(p));
+    case WeightOnlyRoute::kNone: break;
+  }
+  return -1;
 }
 
 size_t CudaWorkspaceBytes(const GemmAmaxProblem& p, bool offer_copies) {

@@ -114,6 +114,8 @@ quantize_cases = [  # (format, input dtype, mode, x shape): rows/K not multiples
     ("mxfp4", "float16", PAIR, (2, 320, 160)),
     ("nvfp4", "bfloat16", PAIR, (1, 80, 272)),
     ("nvfp4", "float32", ROWS, (1, 4100, 1040)),
+    ("mxfp8_e4m3", "bfloat16", COLS, (2, 64, 101)),  # odd K: element loads
+    ("nvfp4", "float32", PAIR, (1, 80, 208)),  # R an odd multiple of 16
 ]
 for fmt, dtype, mode, shape in quantize_cases:
     if only not in f"quantize {fmt} {dtype}":

@@ -307,13 +307,42 @@ def _assert_bitwise(got, want, what):
 @pytest.mark.parametrize("nonfinite", [False, True], ids=["finite", "nonfinite"])
 def test_kernel_is_bitwise_jnp(rng, fmt, dtype, mode, nonfinite):
     """Shapes: rows not a multiple of 128 (nor of the 32/64-row tile), K with a partial 4-group
-    and a partial 128-column tile, L > 1; a second, larger one for the grid-stride loops."""
+    and a partial 128-column tile, L > 1; a second, larger one for the grid-stride loops; a third
+    with R an odd multiple of 16 (NVFP4) and, for columns, an odd K (element loads)."""
     kernel, reference = _kernel_and_jnp(fmt, MODES[mode])
     text = kernel.lower(jnp.zeros((2, 320, 160), dtype)).as_text()
     assert "jax_gemm_amax_quantize_cuda" in text, "the kernel is not in the lowered program"
-    for shape in ((3, 320, 160), (2, 2080, 4128)):
+    r3 = 208 if fmt == "nvfp4" else 224
+    third = (2, r3, 101 if mode == "cols" else r3)
+    for shape in ((3, 320, 160), (2, 2080, 4128), third):
         x = _hostile(rng, shape, dtype, nonfinite)
         _assert_bitwise(kernel(x), reference(x), f"{fmt} {dtype} {mode} {shape}")
+
+
+def _bf16_grid(rng):
+    """Every bf16 mantissa at every exponent, subnormals included: one 32-row band per exponent E,
+    holding both signs of all 128 mantissas times 2^(E-5) to 2^(E+2), shuffled, so that each block
+    (32 rows of a column, 32 elements of a row) scales values over eight binades below its amax
+    (the e2m1 and FP8 midpoints among them); plus NaN, Inf and -Inf in a few blocks."""
+    mant = 1.0 + np.arange(128) / 128.0
+    bands = []
+    for e in range(-133, 126):
+        v = (mant[:, None] * np.exp2(np.arange(e - 5, e + 3, dtype=np.float64))).reshape(-1)
+        v = np.concatenate([v, -v]).astype(np.float32)  # exact in float32; the bf16 cast rounds subnormals
+        bands.append(rng.permutation(v).reshape(32, 64))
+    x = np.concatenate(bands)
+    x[40, 3], x[4000, 17], x[8000, 60] = np.nan, np.inf, -np.inf
+    return jnp.asarray(x[None]).astype(jnp.bfloat16)
+
+
+@gpu
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_kernel_bf16_grid_is_bitwise_jnp(rng, fmt, mode):
+    """bf16 input over its whole range (the packed MXFP4 encoder computes in bf16): equal to jnp."""
+    kernel, reference = _kernel_and_jnp(fmt, MODES[mode])
+    x = _bf16_grid(rng)
+    _assert_bitwise(kernel(x), reference(x), f"{fmt} {mode} bf16 grid")
 
 
 @gpu

@@ -9,6 +9,9 @@
 //     converted). Column pass: each item quantizes one block of kVec rows of one or two columns
 //     (the transposed output: a column's codes of a tile are 32-128 contiguous bytes); row pass
 //     (the pair): each item one block of one row (lanes on consecutive rows: conflict-free).
+// MXFP4 from bf16 rows are encoded two elements per instruction (E2M1CodesBF16x2): with the fp32
+// encoder (~16 instructions per element) RowKernel reached 0.58 of the copy rate on an H100 at
+// 16384 x 8192, with it 0.74.
 // Both write every scale byte of the physical layout (padding bytes 0, as physical_from_plain)
 // and reduce amax per batch item into bits zeroed before the launch (unsigned max of |x| bits is
 // the float max, NaN canonical above +Inf).
@@ -175,7 +178,15 @@ __global__ void __launch_bounds__(kRowThreads)
       if (valid) {
         acc.Add(pos.l, AmaxBits(m), amax);
         const BlockScale bs = ScaleOf<F>(m);
-        StoreCodes16<F>(q + p.code_bytes(chunk * 16), v, bs.mul);
+        if constexpr (F == QuantizeFormat::kMxfp4 && I == QuantizeInput::kBF16) {  // E2M1CodesBF16x2
+          const uint32_t mul2 = BF16x2Pow2(bs.mul);
+          const uint4 a = raw[u][0], b = raw[u][1];
+          const uint32_t lo = __byte_perm(E2M1Codes4BF16(a.x, a.y, mul2), E2M1Codes4BF16(a.z, a.w, mul2), 0x5410u);
+          const uint32_t hi = __byte_perm(E2M1Codes4BF16(b.x, b.y, mul2), E2M1Codes4BF16(b.z, b.w, mul2), 0x5410u);
+          __stcs(reinterpret_cast<uint2*>(q + p.code_bytes(chunk * 16)), make_uint2(lo, hi));
+        } else {
+          StoreCodes16<F>(q + p.code_bytes(chunk * 16), v, bs.mul);
+        }
         if (pos.c % kLanesPerBlock == 0) {
           const int64_t g = pos.c / kLanesPerBlock;
           uint8_t* sl = s + pos.l * scale_stride;

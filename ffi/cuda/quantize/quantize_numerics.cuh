@@ -8,7 +8,8 @@
 //   * NVFP4: scale = e4m3(min(amax * fl(1/6), 448)), values times fl(1 / scale) (0 where the
 //     scale is 0); a non-finite block gets scale 0x7F and its values at scale 1;
 //   * FP8 codes: cvt.rn.satfinite (round to nearest even, saturating, NaN stays NaN), the
-//     instruction XLA emits for quantize.py's clip + convert; FP4 codes: e2m1_codes' comparisons.
+//     instruction XLA emits for quantize.py's clip + convert; FP4 codes: e2m1_codes' comparisons
+//     (E2M1Code; MXFP4 from bf16 two at a time in bf16 arithmetic, E2M1CodesBF16x2).
 // Built without fast math and without flushing subnormals: every multiply is __fmul_rn.
 #pragma once
 
@@ -20,8 +21,8 @@
 
 #include "common/quantize_problem.h"
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
-#error "the quantize kernels use cvt.rn.satfinite.{e4m3x2,e5m2x2}.f32 (sm_89 and later)"
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#error "the quantize kernels use cvt.rn.satfinite.{e4m3x2,e5m2x2}.f32 and {add,sub,mul}.rn.bf16x2 (sm_90 and later)"
 #endif
 
 namespace jga::quantize {
@@ -169,12 +170,41 @@ __device__ __forceinline__ uint16_t Fp8Pair(float lo, float hi) {
 // fewer instructions than seven comparisons and their sums, and the same code for every fp32 input
 // (checked exhaustively against the comparisons).
 __device__ __forceinline__ uint32_t E2M1Code(float v) {
-  const float a = fminf(fabsf(v), 8.0f);  // Inf and NaN (fminf drops it) become 8: code 7
+  const float a = fminf(fabsf(v), 6.0f);  // saturates; Inf and NaN (fminf drops it) become 6: code 7
   const float c = __uint_as_float(max(__float_as_uint(a) & 0x7F800000u, 0x3F800000u) + (22u << 23));
   const float r = __fsub_rn(__fadd_rn(a, c), c);
-  const uint32_t code = min(__float_as_uint(__fmul_rn(r, 0x1p-126f)) >> 22, 7u);
+  const uint32_t code = __float_as_uint(__fmul_rn(r, 0x1p-126f)) >> 22;
   return v == v ? code | ((__float_as_uint(v) >> 28) & 8u) : code;
 }
+
+// MXFP4 codes of the two bf16 elements of `word` (bits 0-3: the low half, 16-19: the high half)
+// times the power-of-two multipliers in `mul2` (bf16 each), the same codes as E2M1Code of their
+// fp32 products at a third of the instructions: the bf16 product is exact (it rounds only below
+// bf16's normal range, far under e2m1's first midpoint, and keeps its sign), and the rounding is
+// E2M1Code's (a + C) - C on the bf16 grid (7 mantissa bits: C = 2^6 times the step).
+__device__ __forceinline__ uint32_t E2M1CodesBF16x2(uint32_t word, uint32_t mul2) {
+  uint32_t s, a6, c, r, m;
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(s) : "r"(word), "r"(mul2));
+  const uint32_t a = s & 0x7FFF7FFFu;
+  asm("min.bf16x2 %0, %1, %2;" : "=r"(a6) : "r"(a), "r"(0x40C040C0u));  // 6: saturates, NaN becomes 6
+  asm("max.bf16x2 %0, %1, %2;" : "=r"(c) : "r"(a6), "r"(0x3F803F80u));  // the binade, 1 at least
+  c = (c & 0x7F807F80u) + 0x03000300u;
+  asm("add.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a6), "r"(c));
+  asm("sub.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(r), "r"(c));
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(m) : "r"(r), "r"(0x00800080u));  // times 2^-126: bits >> 6 are the code
+  const uint32_t sign = s & ~(a + 0x007F007Fu) & 0x80008000u;             // a NaN's sign is dropped
+  return ((m << 6) | sign) >> 12;
+}
+
+// Four MXFP4 codes of two bf16 words (elements in order, two per word) in the low 16 bits; the
+// high bits are not cleared.
+__device__ __forceinline__ uint32_t E2M1Codes4BF16(uint32_t w0, uint32_t w1, uint32_t mul2) {
+  const uint32_t t = E2M1CodesBF16x2(w0, mul2) | E2M1CodesBF16x2(w1, mul2) << 8;
+  return t | t >> 12;
+}
+
+// A power-of-two multiplier (2^-127 to 2^127) as bf16 in both halves.
+__device__ __forceinline__ uint32_t BF16x2Pow2(float mul) { return (__float_as_uint(mul) >> 16) * 0x00010001u; }
 
 // Scaled value of one element: x * mul, or +0 where an NVFP4 block's scale is 0 (mul == 0).
 template <QuantizeFormat F>

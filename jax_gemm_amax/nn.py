@@ -219,7 +219,7 @@ def _mx_matmul_bwd(cfg: _Config, residuals, cotangents):
         x_cols, w_rows = _quantize_along(x, g, -2, 1), _quantize_along(w, g, -1, _GRAD_N_MULTIPLE)
         x_dtype, w_dtype, k = x.dtype, w.dtype, x.shape[1]
     dy_rows, dy_cols = _quantize_both(dy, g, g, 1, _GRAD_N_MULTIPLE)
-    # The gradients are stored in their primals' dtypes by the kernels, not through an fp32 C.
+    # The gradients are stored in their primals' dtypes by the kernels where they can (_c_dtype).
     # dgrad: dX (M, in) = dY (M, out) · W (in, out)ᵀ, contraction over out.
     dx, _ = _gemm(dy_rows, w_rows, g, _c_dtype(x_dtype), m, k)
     # wgrad: dW (in, out) = Xᵀ (in, M) · dYᵀ (out, M)ᵀ, contraction over M.

@@ -179,7 +179,7 @@ __device__ __forceinline__ uint32_t E2M1Code(float v) {
 
 // MXFP4 codes of the two bf16 elements of `word` (bits 0-3: the low half, 16-19: the high half)
 // times the power-of-two multipliers in `mul2` (bf16 each), the same codes as E2M1Code of their
-// fp32 products in under half its instructions per element: the bf16 product is exact (it rounds
+// fp32 products in about half its instructions per element (counted in the SASS): the bf16 product is exact (it rounds
 // only below bf16's normal range, far under e2m1's first midpoint, and keeps its sign), and the
 // rounding is E2M1Code's (a + C) - C on the bf16 grid (7 mantissa bits: C = 2^6 times the step).
 // Checked for every bf16 input and multiplier 2^-127..2^127 against E2M1Code in an emulation of

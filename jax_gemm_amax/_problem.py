@@ -63,9 +63,11 @@ def _names(dtypes) -> str:
 
 def canonical_dtype(dtype: Any, argname: str) -> np.dtype:
     """Accepts jnp/numpy/ml_dtypes dtypes, dtype name strings and torch dtypes."""
-    if type(dtype).__module__ == "torch":  # torch.float32 etc., without importing torch
-        dtype = str(dtype).removeprefix("torch.")
+    if type(dtype).__module__ == "torch" or (isinstance(dtype, str) and dtype.startswith("torch.")):
+        dtype = str(dtype).removeprefix("torch.")  # torch.float32 etc., without importing torch
         dtype = {"float4_e2m1fn_x2": "uint8"}.get(dtype, dtype)
+    if dtype is None:  # numpy reads None as float64
+        raise TypeError(f"{argname}: None is not a dtype")
     try:
         return np.dtype(jnp.dtype(dtype))
     except TypeError as e:
@@ -121,16 +123,25 @@ def check_c_major(c_major) -> str:
     return str(c_major)
 
 
-def check_quantize(x, fmt: str, sf_vec_size: int, axis) -> int:
+def check_block_format(value_dtype, sf_dtype, sf_vec_size: int, values: str, scales: str) -> None:
+    """The block formats there are: e4m3 scales per 16 (NVFP4), FP8 values per 32 (MXFP8); FP4
+    values with e8m0 scales per 16 or 32. ``values`` and ``scales`` name the arguments."""
+    if sf_dtype == E4M3 and sf_vec_size != 16:
+        raise ValueError(f"{scales}: float8_e4m3fn scales require sf_vec_size=16")
+    if not is_fp4(value_dtype) and sf_vec_size != 32:
+        raise ValueError(f"sf_vec_size: fp8 {values} ({value_dtype.name}) require sf_vec_size=32, got {sf_vec_size}")
+
+
+def check_quantize(x, fmt: str, sf_vec_size: int, axis, pair: bool = False) -> int:
     """Validates a quantize call on ``x`` (anything with ``.shape`` and ``.dtype``) along ``axis``
-    (-1 or -2, or their non-negative forms; ``"pair"``: both). Returns the primitive's mode: 1
+    (-1 or -2, or their non-negative forms), or along both with ``pair``. Returns the primitive's mode: 1
     (along the last axis), 2 (along the one before it), 3 (both)."""
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise TypeError(f"x: must be a floating array, got {np.dtype(x.dtype).name}")
     ndim = len(x.shape)
     if ndim < 2:
         raise ValueError(f"x: must be (rows, K) or (..., rows, K), got shape {tuple(x.shape)}")
-    if axis == "pair":
+    if pair:
         mode = 3
     else:
         axis = check_int(axis, "axis")
@@ -266,10 +277,7 @@ def check_problem(
     check_c_major(c_major)
 
     fp4 = is_fp4(ab_dtype)
-    if sf_dtype == E4M3 and sf_vec_size != 16:
-        raise ValueError("sfa/sfb: float8_e4m3fn scales require sf_vec_size=16")
-    if not fp4 and sf_vec_size != 32:
-        raise ValueError(f"sf_vec_size: fp8 a/b ({ab_dtype.name}) require sf_vec_size=32, got {sf_vec_size}")
+    check_block_format(ab_dtype, sf_dtype, sf_vec_size, "a/b", "sfa/sfb")
     if c_dtype in FP4_C_DTYPES and not fp4:
         raise ValueError(f"c_dtype: fp4 c ({c_dtype.name}) requires fp4 a/b, got {ab_dtype.name}")
     if k % sf_vec_size:

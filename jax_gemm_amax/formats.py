@@ -37,11 +37,11 @@ FORMATS = {
 }
 
 
-def get_format(fmt: str) -> Format:
+def get_format(fmt: str, argname: str = "fmt") -> Format:
     try:
         return FORMATS[fmt]
-    except KeyError:
-        raise ValueError(f"fmt must be one of {sorted(FORMATS)}, got {fmt!r}") from None
+    except (KeyError, TypeError):  # TypeError: unhashable
+        raise ValueError(f"{argname} must be one of {sorted(FORMATS)}, got {fmt!r}") from None
 
 
 def e2m1_codes(x):
@@ -184,6 +184,23 @@ def exact_pow2(k):
     k = jnp.asarray(k, jnp.int32)
     bits = jnp.where(k >= -126, (k + 127) << 23, 1 << 22)
     return jax.lax.bitcast_convert_type(bits, jnp.float32)
+
+
+def magnitude_max(x, axis=None):
+    """max |x| of float32 ``x`` over ``axis`` (0 where empty), NaN if any is NaN: an integer max of
+    the bit patterns, which order |x| as floats do. Exact on every backend: XLA's CPU float max
+    treats subnormals as zero (JAX runs the CPU with flush-to-zero), and its reductions of 4096+
+    elements can drop a NaN."""
+    bits = jnp.max(jax.lax.bitcast_convert_type(x, jnp.int32) & np.int32(0x7FFFFFFF), axis=axis, initial=np.int32(0))
+    bits = jnp.minimum(bits, np.int32(0x7FC00000))  # every NaN as the canonical one
+    return jax.lax.bitcast_convert_type(bits, jnp.float32)
+
+
+def pmax_nan(amax, axes):
+    """``jax.lax.pmax`` of an amax (>= 0 or NaN) that keeps NaN: on the bits, which order as int32
+    (NaN above +Inf); a float max across devices may drop it."""
+    bits = jax.lax.bitcast_convert_type(jnp.where(jnp.isnan(amax), jnp.nan, amax), jnp.int32)
+    return jax.lax.bitcast_convert_type(jax.lax.pmax(bits, axes), jnp.float32)
 
 
 def e8m0_from_exponent(exponent):

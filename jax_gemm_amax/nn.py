@@ -29,7 +29,7 @@ from flax import nnx
 from flax.nnx.nn.linear import default_bias_init, default_kernel_init
 
 from . import formats
-from ._problem import is_fp4
+from ._problem import canonical_dtype, check_int, is_fp4
 from .ops import gemm_amax
 from .quantize import quantize, quantize_pair
 
@@ -233,6 +233,13 @@ _mx_matmul.defvjp(_forward, _mx_matmul_bwd)
 _ACTIVATIONS = ("quantized", "bf16")
 
 
+def _out_dtype(dtype, where: str) -> np.dtype:
+    result = canonical_dtype(dtype, f"{where}: out_dtype")
+    if not jnp.issubdtype(result, jnp.floating):
+        raise TypeError(f"{where}: out_dtype must be a floating dtype, got {result.name}")
+    return result
+
+
 def _check_save_residuals(save_residuals, where: str) -> None:
     if not isinstance(save_residuals, str) or save_residuals not in _SAVE_RESIDUALS:
         raise ValueError(f"{where}: save_residuals must be one of {_SAVE_RESIDUALS}, got {save_residuals!r}")
@@ -252,7 +259,7 @@ def mx_matmul(
 
     Forward: ``x`` quantized to ``fmt`` along K, ``w`` along K (its first axis), GEMM with fp32
     accumulation, ``amax = max |x @ w|`` fused (on the fp32 accumulator, before rounding to
-    ``out_dtype``, default ``x.dtype`` if float32/bfloat16/float16, else float32).
+    ``out_dtype``, a floating dtype, default ``x.dtype``).
     Backward (``jax.custom_vjp``): the straight-through estimator, ``dX = dY·Wᵀ`` and
     ``dW = Xᵀ·dY`` both through gemm_amax with operands quantized to ``grad_fmt`` along their
     contraction axis (both operands of a backward GEMM use ``grad_fmt``: the kernel takes one
@@ -287,8 +294,8 @@ def mx_matmul(
             raise ValueError(f"mx_matmul: expected x (M, K) and w (K, N), got {x.shape} and {w.shape}")
         n = w.shape[1]
     formats.get_format(fmt)
-    formats.get_format(grad_fmt)
-    out_dtype = np.dtype(out_dtype if out_dtype is not None else x.dtype)
+    formats.get_format(grad_fmt, "grad_fmt")
+    out_dtype = _out_dtype(out_dtype if out_dtype is not None else x.dtype, "mx_matmul")
     c_dtype = _c_dtype(out_dtype)
     if 0 in x.shape or n == 0:  # nothing to multiply: an empty (or all-zero) product
         return jnp.zeros((x.shape[0], n), out_dtype), jnp.zeros((), jnp.float32)
@@ -387,15 +394,13 @@ class MXLinear(nnx.Module):
         bias_metadata: Mapping[str, Any] = MappingProxyType({}),
     ):
         formats.get_format(fmt)  # ValueError naming the allowed formats
-        try:
-            formats.get_format(grad_fmt)
-        except ValueError as e:
-            raise ValueError(f"grad_fmt: {e}") from None
+        formats.get_format(grad_fmt, "grad_fmt")
         _check_save_residuals(save_residuals, "MXLinear")
-        if int(in_features) < 1 or int(out_features) < 1:
-            raise ValueError(f"in_features and out_features must be >= 1, got {in_features}, {out_features}")
-        if int(amax_history_length) < 0:
-            raise ValueError(f"amax_history_length must be >= 0, got {amax_history_length}")
+        in_features = check_int(in_features, "MXLinear: in_features", minimum=1)
+        out_features = check_int(out_features, "MXLinear: out_features", minimum=1)
+        amax_history_length = check_int(amax_history_length, "MXLinear: amax_history_length", minimum=0)
+        if out_dtype is not None:
+            out_dtype = _out_dtype(out_dtype, "MXLinear")
 
         kernel_key = rngs.params()
         self.kernel = nnx.Param(kernel_init(kernel_key, (in_features, out_features), param_dtype), **kernel_metadata)
@@ -408,18 +413,18 @@ class MXLinear(nnx.Module):
         self.output_amax = OutputAmax(jnp.zeros((), jnp.float32))
         self.amax_history: AmaxHistory | None
         if amax_history_length:
-            self.amax_history = AmaxHistory(jnp.zeros((int(amax_history_length),), jnp.float32))
+            self.amax_history = AmaxHistory(jnp.zeros((amax_history_length,), jnp.float32))
         else:
             self.amax_history = nnx.data(None)
 
-        self.in_features = int(in_features)
-        self.out_features = int(out_features)
+        self.in_features = in_features
+        self.out_features = out_features
         self.use_bias = use_bias
         self.fmt = fmt
         self.grad_fmt = grad_fmt
         self.out_dtype = out_dtype
         self.param_dtype = param_dtype
-        self.amax_history_length = int(amax_history_length)
+        self.amax_history_length = amax_history_length
         self.update_amax = bool(update_amax)
         self.weight_only = bool(weight_only)
         self.save_residuals = save_residuals
@@ -462,7 +467,7 @@ class MXLinear(nnx.Module):
         else:
             y, _ = mx_matmul(x2, kernel, out_dtype=jnp.float32, **mode)
             y = y + self.bias[...].astype(jnp.float32)  # d(bias) = fp32 sum of dY
-            amax = jax.lax.stop_gradient(jnp.max(jnp.abs(y), initial=0.0))
+            amax = jax.lax.stop_gradient(formats.magnitude_max(y))  # NaN kept
             y = y.astype(out_dtype)
         if self.update_amax:
             self.output_amax[...] = amax

@@ -79,7 +79,7 @@ def _finish(call: _Call, c, amax_per_batch) -> GemmAmaxResult:
         c = formats.float4_from_packed(c)
     if call.problem.batch is None:
         c = c[0]
-    return GemmAmaxResult(c, _magnitude_max(amax_per_batch, axis=None))
+    return GemmAmaxResult(c, formats.magnitude_max(amax_per_batch, axis=None))
 
 
 def gemm_amax(
@@ -188,11 +188,24 @@ def reference_gemm_amax(
         mma_tiler_mn=mma_tiler_mn,
         cluster_shape_mn=cluster_shape_mn,
     )
-    acc = _block_scaled_sum(call.a, call.b, call.sfa, call.sfb, sf_vec_size)
-    amax = _magnitude_max(acc, axis=(1, 2))
+    operands = [_not_differentiable(x) if x is not None else None for x in (call.a, call.b, call.sfa, call.sfb)]
+    acc = _block_scaled_sum(*operands, sf_vec_size)
+    amax = formats.magnitude_max(acc, axis=(1, 2))
     if c_major == "m":
         acc = jnp.swapaxes(acc, 1, 2)
     return _finish(call, formats.saturating_cast(acc, call.kernel_c_dtype), amax)
+
+
+@jax.custom_jvp
+def _not_differentiable(x):
+    """``x``, with a JVP that raises as gemm_amax's primitive does: the reference decodes its
+    operands through their bits, whose derivative would silently be zero."""
+    return x
+
+
+@_not_differentiable.defjvp
+def _not_differentiable_jvp(primals, tangents):
+    raise NotImplementedError("Differentiation rule for 'reference_gemm_amax' not implemented")
 
 
 def weight_only_sum(a, b, sfb, sf_vec_size):
@@ -239,18 +252,32 @@ def _bits(x):
     return jax.lax.bitcast_convert_type(x, jnp.int32)
 
 
-def _magnitude_max(x, axis):
-    """max |x| over ``axis``, NaN if any is NaN: on the bit patterns, which order |x| as floats do."""
-    return jax.lax.bitcast_convert_type(jnp.max(_bits(x) & ~_SIGN, axis=axis), jnp.float32)
-
-
 def _fraction_exponent(x):
-    """``x = f * 2^e``: for normal x, |f| in [1, 2); zero, subnormal, Inf and NaN give (x, 0)."""
+    """``x = f * 2^e`` with |f| in [1, 2) for finite nonzero x, subnormals included (a subnormal is
+    m * 2^-149, and float(m) is normal and exact); zero, Inf and NaN give (x, 0)."""
     bits = _bits(x)
     field = (bits & _EXPONENT) >> 23
-    normal = (field > 0) & (field < 255)
+    fraction = bits & 0x7FFFFF
+    subnormal = (field == 0) & (fraction != 0)
+    m = _bits(fraction.astype(jnp.float32))
+    bits = jnp.where(subnormal, m | (bits & _SIGN), bits)
+    e = jnp.where(subnormal, ((m & _EXPONENT) >> 23) - 127 - 149, field - 127)
+    regular = subnormal | ((field > 0) & (field < 255))
     f = jax.lax.bitcast_convert_type((bits & ~_EXPONENT) | np.int32(127 << 23), jnp.float32)
-    return jnp.where(normal, f, x), jnp.where(normal, field - 127, 0)
+    return jnp.where(regular, f, x), jnp.where(regular, e, 0)
+
+
+def _normalized_groups(v):
+    """``v`` (L, rows, G, sfv) float32 as ``v' * 2^E`` per (row, group): E the exponent of the
+    group's largest finite nonzero |v| (0 for none), v' built from the bits, so that subnormal
+    values, which XLA's CPU would flush inside a dot, become normal. Values below 2^-126 of the
+    group's largest become zero (far below the group sum's rounding); Inf and NaN stay."""
+    f, e = _fraction_exponent(v)
+    bits = _bits(v) & ~_SIGN
+    live = (bits != 0) & (bits < _EXPONENT)
+    top = jnp.max(jnp.where(live, e, _NO_TERM), axis=-1)
+    top = jnp.where(top == _NO_TERM, 0, top)
+    return jnp.where(live, _times_pow2(f, e - top[..., None]), v), top
 
 
 def _times_pow2(f, d):
@@ -319,23 +346,27 @@ def _block_scaled_sum(a, b, sfa, sfb, sf_vec_size):
         sa = jnp.full((batch, m, groups), 1.0 if sb.dtype == jnp.float32 else 127, sb.dtype)
     else:
         sa = _operand_scales(sfa, m, groups)
-    xs = (
-        by_step(va.reshape(batch, m, groups, sf_vec_size)),
-        by_step(vb.reshape(batch, n, groups, sf_vec_size)),
-        by_step(sa),
-        by_step(sb),
-    )
+    va = va.reshape(batch, m, groups, sf_vec_size)
+    vb = vb.reshape(batch, n, groups, sf_vec_size)
+    if np.dtype(a.dtype) == np.dtype(jnp.bfloat16):
+        # bfloat16 A reaches fp32's subnormals, and its products with B's values below them: both
+        # operands' groups normalized (their exponents added back to the terms').
+        (va, ea), (vb, eb) = _normalized_groups(va), _normalized_groups(vb)
+    else:  # FP8, FP4 and float16 products are >= 2^-40: normal
+        ea, eb = jnp.zeros((batch, m, groups), jnp.int32), jnp.zeros((batch, n, groups), jnp.int32)
+    xs = tuple(by_step(x) for x in (va, vb, sa, sb, ea, eb))
 
     def step(carry, x):
         s, r, special = carry
-        xa, xb, xsa, xsb = x
+        xa, xb, xsa, xsb, xea, xeb = x
         xf, xe = _combined_scales(xsa, xsb)
+        xe = xe + xea[:, :, None, :] + xeb[:, None, :, :]
         dot = jnp.einsum(
             "lmgk,lngk->lmng", xa, xb, precision=jax.lax.Precision.HIGHEST, preferred_element_type=jnp.float32
         )
         term = dot * xf  # exact for e8m0 (f = 1); one rounding for the e4m3 product, as the kernels
         frac, frac_e = _fraction_exponent(term)
-        live = jnp.isfinite(term) & (term != 0)
+        live = jnp.isfinite(term) & ((_bits(term) & ~_SIGN) != 0)  # subnormal terms too
         exponent = jnp.where(live, frac_e + xe, _NO_TERM)
         special = special + jnp.sum(jnp.where(jnp.isfinite(term), 0.0, term), axis=-1)
         r_new = jnp.maximum(r, jnp.max(exponent, axis=-1))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -15,6 +16,7 @@ from ._problem import (
     PACKED_FP4,
     SCALE_DTYPES,
     canonical_dtype,
+    check_block_format,
     check_dtype,
     check_quantize,
     check_sf_vec_size,
@@ -32,9 +34,9 @@ def quantize(x, fmt: str = "mxfp8_e4m3", *, axis: int = -1, packed: bool = True,
     (``-1``, default) or the one before it (``-2``).
 
     Returns ``(q, scales)``, or ``(q, scales, amax)`` with ``return_amax``, laid out as
-    :func:`gemm_amax` takes them. Along the last axis ``q`` has ``x``'s shape; along ``-2`` it is
-    the transpose ``(..., K, R)`` (K-major for a wgrad ``dW = X^T dY``): the rows are K and each
-    is quantized along R. ``q`` is in the format's element dtype; FP4 formats return packed
+    :func:`gemm_amax` takes them. Along the last axis ``q`` is ``(R, K)`` (2-D ``x``) or
+    ``(L, R, K)``; along ``-2`` it is the transpose, ``(K, R)`` or ``(L, K, R)`` (K-major for a
+    wgrad ``dW = X^T dY``): the rows are K and each is quantized along R. ``q`` is in the format's element dtype; FP4 formats return packed
     ``uint8`` (two values per byte along the quantized axis, low nibble first) unless
     ``packed=False``, which gives ``float4_e2m1fn``. ``scales`` are in the physical 128x4 layout,
     ``(MN', G', 32, 4, 4)`` for 2-D ``x``, else ``(L, MN', G', 32, 4, 4)``: all leading dims of
@@ -53,9 +55,12 @@ def quantize(x, fmt: str = "mxfp8_e4m3", *, axis: int = -1, packed: bool = True,
       NaN, and :func:`gemm_amax` returns NaN in C wherever the block contributes, and a NaN amax.
       Its codes are its values quantized at scale 1. Other blocks are unaffected.
 
-    On Hopper and Blackwell GPUs float32, float16 and bfloat16 inputs run as CUDA kernels,
-    bit-identical to the jnp implementation that runs elsewhere. Zero rows or ``K = 0`` give empty ``q`` and ``scales``
-    of the shapes above (:func:`gemm_amax` rejects empty operands) and an amax of 0.
+    The arithmetic is IEEE fp32, subnormals included, on every backend (the jnp code below works
+    on the bits where XLA's CPU would flush them); float64 input is rounded to float32 first. On
+    Hopper and Blackwell GPUs float32, float16 and bfloat16 inputs run as CUDA kernels,
+    bit-identical to the jnp implementation that runs elsewhere. Zero rows or ``K = 0`` give empty
+    ``q`` and ``scales`` of the shapes above (:func:`gemm_amax` rejects empty operands) and an
+    amax of 0.
     """
     f = formats.get_format(fmt)
     x = jnp.asarray(x)
@@ -71,7 +76,7 @@ def quantize_pair(x, fmt: str = "mxfp8_e4m3", *, packed: bool = True, return_ama
     format's block size."""
     f = formats.get_format(fmt)
     x = jnp.asarray(x)
-    mode = check_quantize(x, f.name, f.sf_vec_size, axis="pair")
+    mode = check_quantize(x, f.name, f.sf_vec_size, axis=None, pair=True)
     (q_row, s_row, q_col, s_col), amax = _quantize(x, f, mode, packed, True, flat=True)
     pair = ((q_row, s_row), (q_col, s_col))
     return (*pair, amax) if return_amax else pair
@@ -91,7 +96,7 @@ def _quantize(x, f, mode, packed, return_amax, flat=False):
         outs = [formats.float4_from_packed(o) if i % 2 == 0 else o for i, o in enumerate(outs)]
     if not lead:
         outs = [o[0] for o in outs]
-    amax = jnp.where(jnp.any(jnp.isnan(amax)), jnp.nan, jnp.max(amax, initial=0.0))
+    amax = formats.magnitude_max(amax)
     if flat:
         return outs, amax
     return (*outs, amax) if return_amax else tuple(outs)
@@ -107,28 +112,66 @@ def _explicitly_sharded(x) -> bool:
     )
 
 
+@functools.cache
+def _tiny_amax_bits(max_value: float) -> tuple[int, int]:
+    """Bit patterns of two block amaxes for a format whose values reach ``max_value``: the least
+    whose exact product with the format's fp32 reciprocal is at least 2^-126, and the least whose
+    fp32 product rounds above 2^-127 (exponent -126). Below the first the product is an fp32
+    subnormal, which XLA's CPU flushes to zero; the scale exponent there, clamped at -127, is -126
+    or -127, and these two patterns decide it. Found by bisection over the fp32 bit patterns, with
+    the product formed exactly in float64 and rounded once to float32, as IEEE fp32 (the GPU's)
+    does."""
+    reciprocal = np.float64(np.float32(1) / np.float32(max_value))
+
+    def least(pred):
+        lo, hi = 0, 0x7F800000
+        while lo < hi:
+            mid = (lo + hi) // 2
+            amax = np.float64(np.array(mid, np.uint32).view(np.float32))
+            lo, hi = (lo, mid) if pred(amax * reciprocal) else (mid + 1, hi)
+        return lo
+
+    normal = least(lambda exact: exact >= 2.0**-126)
+    above = least(lambda exact: np.float32(exact) > np.float32(2.0**-127))
+    return normal, above
+
+
 def _quantize_rows(x3, f):
     """The arithmetic of quantize along the last axis of ``(L, R, K)``: codes (FP4 packed),
     physical scales, and each item's amax. The CUDA kernels (ffi/cuda/quantize) follow it bit for
     bit; the reciprocals are written out because XLA rewrites divisions by them into these
-    multiplies anyway, so the arithmetic is the same on every backend."""
+    multiplies anyway, so the arithmetic is the same on every backend. Subnormal inputs, and
+    products that would be subnormal, are handled through the bits, so XLA's CPU (which flushes
+    subnormals to zero) gives the IEEE results too."""
     batch, rows, k = x3.shape
     x3 = x3.astype(jnp.float32)
     blocks = x3.reshape(batch, rows, k // f.sf_vec_size, f.sf_vec_size)
-    # NaN enters the max as +Inf: XLA's CPU max reductions of 4096+ elements can drop a NaN, never an Inf.
-    amax = jnp.max(jnp.where(jnp.isnan(blocks), jnp.inf, jnp.abs(blocks)), axis=-1)
-    finite = amax < jnp.inf
+    bits = jax.lax.bitcast_convert_type(blocks, jnp.int32)
+    amax = formats.magnitude_max(blocks, axis=-1)  # NaN and subnormals kept
+    amax_bits = jax.lax.bitcast_convert_type(amax, jnp.int32)
+    finite = amax_bits < 0x7F800000
     reciprocal_max = np.float32(1) / np.float32(f.max_value)
 
     if f.scale_dtype == np.dtype(jnp.float8_e8m0fnu):
         mant, exp = jnp.frexp(amax * reciprocal_max)  # ratio = mant * 2^exp, mant in [0.5, 1)
-        exponent = jnp.where(mant == 0.5, exp - 1, exp)  # ceil(log2(ratio))
-        exponent = jnp.where(amax > 0, exponent, -127)
+        exponent = jnp.where(mant == 0.5, exp - 1, exp)  # ceil(log2(ratio)) where the ratio is normal
+        normal, above = _tiny_amax_bits(f.max_value)
+        exponent = jnp.where(amax_bits >= normal, exponent, jnp.where(amax_bits >= above, -126, -127))
         exponent = jnp.where(finite, jnp.clip(exponent, -127, 127), 0)
         scales = formats.e8m0_from_exponent(exponent)
         scales = jnp.where(finite, scales, jnp.array(jnp.nan, scales.dtype))  # 0xFF
         scaled = blocks * formats.exact_pow2(-exponent)[..., None]  # per block, not per element
-    else:  # nvfp4: e4m3 scales
+        # A subnormal x is m * 2^-149 (m its fraction bits); times 2^-exponent it is normal where
+        # exponent <= -23, and elsewhere far below every format's smallest value: a signed zero.
+        shift = -149 - exponent[..., None]
+        fraction = (bits & 0x7FFFFF).astype(jnp.float32)
+        tiny = jnp.where(shift >= -126, fraction * formats.exact_pow2(jnp.maximum(shift, -126)), 0.0)
+        tiny = jax.lax.bitcast_convert_type(
+            jax.lax.bitcast_convert_type(tiny, jnp.int32) | (bits & np.int32(-(2**31))), jnp.float32
+        )
+        subnormal = ((bits & 0x7F800000) == 0) & ((bits & 0x7FFFFF) != 0)
+        scaled = jnp.where(subnormal, tiny, scaled)
+    else:  # nvfp4: e4m3 scales; x / s for a subnormal x is below e2m1's smallest value (s >= 2^-9)
         scales = jnp.clip(amax * reciprocal_max, 0, 448.0).astype(jnp.float8_e4m3fn)
         s = jnp.where(finite, formats.decode_fp8(scales), 1.0)
         scales = jnp.where(finite, scales, jnp.array(jnp.nan, scales.dtype))  # 0x7F
@@ -139,9 +182,7 @@ def _quantize_rows(x3, f):
         q = formats.pack_fp4(formats.e2m1_codes(scaled))
     else:
         q = formats.saturating_cast(scaled, f.value_dtype)
-    item_amax = jnp.max(amax, axis=(1, 2), initial=0.0)
-    item_amax = jnp.where(jnp.any(jnp.isnan(x3), axis=(1, 2)), jnp.nan, item_amax)
-    return q, physical_from_plain(scales), item_amax
+    return q, physical_from_plain(scales), formats.magnitude_max(amax, axis=(1, 2))
 
 
 def quantize_jnp(x3, fmt: str, mode: int):
@@ -159,24 +200,38 @@ def quantize_jnp(x3, fmt: str, mode: int):
 
 def dequantize_physical(q, scales, sf_vec_size: int):
     """float32 ``q * scales`` for validated operands: ``q`` FP8 or packed FP4 (uint8), ``(L, rows,
-    Kb)`` or ``(rows, Kb)``, and its physical scales. The one dequantization of the library."""
+    Kb)`` or ``(rows, Kb)``, and its physical scales. The one dequantization of the library. An
+    e8m0 scale 2^e multiplies in two halves, 2^floor(e/2) then the rest: one rounding, as a single
+    multiply by 2^e, but no subnormal factor (2^-127), which XLA's CPU would flush to zero."""
     values = formats.operand_values(q)
     rows, k = values.shape[-2:]
-    plain = formats.decode_scales(plain_from_physical(scales, rows, k // sf_vec_size))
-    return values * jnp.repeat(plain, sf_vec_size, axis=-1)
+    groups = k // sf_vec_size
+    values = values.reshape(*values.shape[:-1], groups, sf_vec_size)
+    plain = plain_from_physical(scales, rows, groups)
+    if np.dtype(plain.dtype) == np.dtype(jnp.float8_e4m3fn):
+        out = values * formats.decode_fp8(plain)[..., None]
+    else:
+        code = jax.lax.bitcast_convert_type(plain, jnp.uint8).astype(jnp.int32)
+        e = code - 127
+        first = jnp.where(code == 255, jnp.nan, formats.exact_pow2(e >> 1))  # 0xFF: NaN
+        out = values * first[..., None] * formats.exact_pow2(e - (e >> 1))[..., None]
+    return out.reshape(*out.shape[:-2], k)
 
 
 def dequantize(q, scales, sf_vec_size: int = 32, *, dtype=jnp.float32):
     """Inverse of :func:`quantize`: ``q`` (``(rows, K)`` or ``(L, rows, K)``) times its scales
     (physical or the cuDNN frontend's logical layout). ``q`` is ``float8_e4m3fn``, ``float8_e5m2``,
     ``float4_e2m1fn`` or packed FP4 ``uint8`` (``K // 2`` bytes); ``scales`` are
-    ``float8_e8m0fnu`` (``int8``/``uint8`` read as e8m0) or ``float8_e4m3fn``."""
+    ``float8_e8m0fnu`` (``int8``/``uint8`` read as e8m0) or ``float8_e4m3fn``. Every product is
+    exact where fp32 holds it; below 2^-126 it is an fp32 subnormal, which XLA's CPU flushes to
+    zero."""
     q, scales = jnp.asarray(q), jnp.asarray(scales)
     q_dtype = check_dtype(q, OPERAND_DTYPES, "q")
-    check_dtype(scales, SCALE_DTYPES, "scales")
+    sf_dtype = check_dtype(scales, SCALE_DTYPES, "scales")
     if q.ndim not in (2, 3):
         raise ValueError(f"q: must be (rows, K) or (L, rows, K), got shape {q.shape}")
     sf_vec_size = check_sf_vec_size(sf_vec_size)
+    check_block_format(q_dtype, sf_dtype, sf_vec_size, "q", "scales")
     dtype = canonical_dtype(dtype, "dtype")
     rows, k = q.shape[-2], q.shape[-1] * (2 if q_dtype == PACKED_FP4 else 1)
     if k % sf_vec_size:

@@ -143,7 +143,11 @@ def test_tuple_dict():
     r = TupleDict(c_tensor=1, amax_tensor=2)
     c, amax = r
     assert (c, amax) == (1, 2) and r["c_tensor"] == 1 and r["amax_tensor"] == 2
-    assert r[0] == 1 and r[1] == 2 and r[-1] == 2 and len(r) == 2
+    assert r[0] == 1 and r[1] == 2 and r[-1] == 2 and r[np.int64(1)] == 2 and len(r) == 2
+    # A pytree, so that jitted functions return one.
+    out = jax.jit(lambda x: TupleDict(c_tensor=x, amax_tensor=2 * x))(jnp.float32(3))
+    assert isinstance(out, TupleDict) and list(out.keys()) == ["c_tensor", "amax_tensor"]
+    assert (float(out[0]), float(out["amax_tensor"])) == (3.0, 6.0)
     assert list(r.keys()) == ["c_tensor", "amax_tensor"] and isinstance(r, dict)
     with pytest.raises(IndexError):
         r[2]
@@ -190,6 +194,7 @@ def test_class_with_jax_arrays(rng):
         op.execute(a, b, sfa, sfb, c, amax)
     assert op.check_support()
     op.compile()
+    assert op.check_support()  # still, with the samples dropped
     out = op.execute(a, b, sfa, sfb)
     assert isinstance(out, TupleDict)
     check_cudnn_c(out["c_tensor"], out["amax_tensor"], p, "float16")

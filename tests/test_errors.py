@@ -78,6 +78,7 @@ def test_valid_specs_trace():
         ),
         (fp8_args(), {"sf_vec_size": 64}, ValueError, r"sf_vec_size must be one of"),
         (fp8_args(), {"c_dtype": jnp.int32}, TypeError, r"c_dtype must be one of"),
+        (fp8_args(), {"c_dtype": None}, TypeError, r"c_dtype: None is not a dtype"),
         (fp8_args(), {"c_dtype": "not-a-dtype"}, TypeError, r"c_dtype: 'not-a-dtype' is not a dtype"),
         (fp8_args(), {"acc_dtype": jnp.float16}, NotImplementedError, r"acc_dtype: only float32"),
         (fp8_args(), {"c_major": "k"}, ValueError, r"c_major must be 'n' or 'm'"),
@@ -272,6 +273,10 @@ def test_quantize_errors():
         jga.quantize(jnp.ones((4, 32), jnp.int32))
     with pytest.raises(ValueError, match=r"x: must be \(rows, K\)"):
         jga.quantize(jnp.ones((32,)))
+    with pytest.raises(TypeError, match=r"axis must be an int, got 'pair'"):
+        jga.quantize(jnp.ones((32, 32)), axis="pair")
+    with pytest.raises(ValueError, match=r"fmt must be one of .*, got \['nvfp4'\]"):
+        jga.quantize(jnp.ones((32, 32)), ["nvfp4"])
     with pytest.raises(
         ValueError, match=r"scales: expected the physical 128x4 layout \(1, 1, 32, 4, 4\) for rows=4, K=32"
     ):
@@ -294,6 +299,11 @@ def test_dequantize_checks_dtypes():
         jga.dequantize(jnp.ones((4, 32), jnp.float8_e4m3fn), sf, 32.0)
     with pytest.raises(ValueError, match=r"sf_vec_size must be one of \(16, 32\), got 8"):
         jga.dequantize(jnp.ones((4, 32), jnp.float8_e4m3fn), sf, 8)
+    # Block formats there are not: the scale shapes alone match for K <= 64.
+    with pytest.raises(ValueError, match=r"scales: float8_e4m3fn scales require sf_vec_size=16"):
+        jga.dequantize(jnp.ones((4, 32), jnp.uint8), jnp.ones((1, 1, 32, 4, 4), jnp.float8_e4m3fn))
+    with pytest.raises(ValueError, match=r"sf_vec_size: fp8 q \(float8_e4m3fn\) require sf_vec_size=32, got 16"):
+        jga.dequantize(jnp.ones((4, 32), jnp.float8_e4m3fn), sf, 16)
 
 
 @pytest.mark.parametrize("batched", [False, True])

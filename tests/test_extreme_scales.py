@@ -109,10 +109,15 @@ def test_tiny_times_huge_scale_is_exact(op, fmt):
     assert amax == float(k)
 
 
+# Rows of A: up to 32 run on the few-row kernel on a GPU, more on the architecture's GEMM.
+FEW_AND_MANY_ROWS = [24, 64]
+
+
 @pytest.mark.parametrize("op", OPS)
-def test_zero_operand_beside_huge_scale_is_zero(op):
+@pytest.mark.parametrize("m", FEW_AND_MANY_ROWS)
+def test_zero_operand_beside_huge_scale_is_zero(op, m):
     # A = 0 (ordinary scales), B = 448 with SFB = 2^127: exact C = 0, not 0 * inf = NaN.
-    m, n, k = 24, 56, 64
+    n, k = 56, 64
     a, b = _uniform((1, m, k), 0.0, "e4m3"), _uniform((1, n, k), 448.0, "e4m3")
     sfa = npref.physical_scales(np.full((1, m, k // 32), 127, np.uint8), E8M0)
     sfb = npref.physical_scales(np.full((1, n, k // 32), 0xFE, np.uint8), E8M0)
@@ -265,10 +270,11 @@ def test_nan_only_from_nan_inputs(rng, op, fmt):
 
 
 @pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("m", FEW_AND_MANY_ROWS)
 @pytest.mark.parametrize("c_dtype", ["float4_e2m1fn", "uint8"])
-def test_fp4_c_writes_nan_as_plus_six(rng, op, c_dtype):
+def test_fp4_c_writes_nan_as_plus_six(rng, op, c_dtype, m):
     # A NaN scale byte of A's row 5 makes C's row 5 NaN: FP4 stores it as +6 (code 0x7), amax NaN.
-    m, n, k = 24, 64, 64  # N: whole 16-byte rows of FP4 C
+    n, k = 64, 64  # N: whole 16-byte rows of FP4 C
     a = rng.integers(0, 256, size=(1, m, k // 2), dtype=np.uint8)  # FP4 C needs FP4 operands
     b = rng.integers(0, 256, size=(1, n, k // 2), dtype=np.uint8)
     ca = np.full((1, m, k // 32), 122, np.uint8)  # 2^-5 each: |C| <= 64 * 36 * 2^-10 < 6

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import jax_gemm_amax as jga
+from jax_gemm_amax.quantize import _tiny_amax_bits
 
 
 @pytest.mark.parametrize("rows,groups,batch", [(1, 1, None), (200, 10, None), (128, 4, 3), (300, 17, 2)])
@@ -248,3 +249,66 @@ def test_dequantize_takes_unpacked_fp4(rng, fmt):
     np.testing.assert_array_equal(got, want)
     packed, sf_packed = jga.quantize(x, fmt)
     np.testing.assert_array_equal(np.asarray(jga.dequantize(packed, sf_packed, sfv)), got)
+
+
+def _mx_oracle(x, fmt):
+    """Scale exponents and codes of quantize along rows of 32, from the definition in float64:
+    the exponent is ceil(log2(fl32(amax * fl32(1 / max)))), clamped to [-127, 127] (-127 for an
+    all-zero block), with fl32 IEEE rounding, subnormals included (numpy's cast from float64 rounds
+    once); the codes are x / 2^exponent (exact) rounded to the format."""
+    f = jga.FORMATS[fmt]
+    blocks = x.astype(np.float64).reshape(x.shape[0], -1, 32)
+    amax = np.abs(blocks).max(-1)
+    ratio = (amax * np.float64(np.float32(1) / np.float32(f.max_value))).astype(np.float32).astype(np.float64)
+    mant, exp = np.frexp(ratio)
+    exponent = np.where(ratio > 0, np.where(mant == 0.5, exp - 1, exp), -127).clip(-127, 127)
+    scaled = (blocks / np.exp2(exponent)[..., None]).reshape(x.shape)
+    if fmt == "mxfp4":
+        return exponent, scaled.astype(ml_dtypes.float4_e2m1fn).astype(np.float64)
+    return exponent, scaled.astype(f.value_dtype).view(np.uint8)
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp8_e5m2", "mxfp4"])
+def test_tiny_blocks_and_subnormal_inputs_keep_their_codes(rng, fmt):
+    """Blocks whose amax lies between fp32's subnormals and 2^-95, with elements spread 2^30 below it
+    (subnormal inputs among them): the scale is 2^-127 or 2^-126 where amax / max is below 2^-126,
+    and values there keep their codes instead of flushing to zero (XLA's CPU flushes subnormal
+    operands and results). The amaxes on either side of the two boundaries are among them."""
+    assert np.float32(2.0**-140) * np.float32(2.0**20) == np.float32(2.0**-120)  # numpy keeps subnormals
+    rows = 120
+    top = rng.integers(-150, -95, size=(rows, 1)).astype(np.float64)
+    x = rng.uniform(0.5, 1.0, (rows, 64)) * np.exp2(top - rng.integers(0, 30, (rows, 64)))
+    x = (x * rng.choice([-1.0, 1.0], (rows, 64))).astype(np.float32)
+    normal, above = _tiny_amax_bits(jga.FORMATS[fmt].max_value)
+    for i, bits in enumerate((normal - 1, normal, normal + 1, above - 1, above, above + 1)):
+        x[i, 0] = np.array(bits, np.uint32).view(np.float32)
+        x[i, 1:32] = x[i, 1:32].clip(-x[i, 0], x[i, 0])
+    q, sf, amax = jga.quantize(x, fmt, return_amax=True)
+    exponent, want = _mx_oracle(x, fmt)
+    got_exponent = np.asarray(jga.plain_from_physical(sf, rows, 2)).view(np.uint8).astype(np.int64) - 127
+    np.testing.assert_array_equal(got_exponent, exponent)
+    assert (exponent <= -117).any() and (exponent == -126).any() and (exponent == -127).any()
+    if fmt == "mxfp4":
+        np.testing.assert_array_equal(npref.decode_values(np.asarray(q)), want)
+    else:
+        np.testing.assert_array_equal(np.asarray(q).view(np.uint8), want)
+    assert (want != 0).sum() > rows  # not a test of zeros
+    assert float(amax) == np.abs(x).max()
+    tiny = np.array([0x00000003], np.uint32).view(np.float32)  # 3 * 2^-149 alone
+    assert float(jga.quantize(np.resize(tiny, (1, 32)), fmt, return_amax=True)[2]) == tiny[0]
+
+
+@pytest.mark.parametrize("kind,sfv", [("e4m3", 32), ("e5m2", 32), ("fp4", 32)])
+def test_dequantize_applies_extreme_e8m0_scales_exactly(rng, kind, sfv):
+    """2^-127 (byte 0, an fp32 subnormal) and 2^127 (0xFE) against every code: exact wherever the
+    product is a normal fp32 number, Inf beyond fp32's range, NaN for 0xFF."""
+    a = npref.random_operand(rng, 1, 3, 64, kind)[0]
+    codes = np.zeros((3, 2), np.uint8)
+    codes[0], codes[1], codes[2] = (0, 254), (254, 0), (255, 7)
+    sf = npref.physical_scales(codes[None], ml_dtypes.float8_e8m0fnu)[0]
+    got = np.asarray(jga.dequantize(a, sf, sfv)).astype(np.float64)
+    with np.errstate(over="ignore"):  # beyond fp32's range: Inf
+        want = (npref.decode_values(a) * npref.scales_per_element(sf[None], 3, 64, sfv)[0]).astype(np.float32)
+    normal = ~(np.abs(want) < 2.0**-126)  # NaN, Inf and normal products
+    np.testing.assert_array_equal(got[normal], want[normal])
+    assert (want[:2][normal[:2]] != 0).sum() > 32 and np.isnan(got[2, :32]).all()

@@ -117,13 +117,14 @@ def test_forward_is_gemm_amax_on_quantized_operands(rng, fmt):
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
-@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "nvfp4"])
-def test_non_finite_input_reaches_output_amax(rng, fmt, bad):
+@pytest.mark.parametrize("fmt,use_bias", [("mxfp8_e4m3", False), ("nvfp4", False), ("mxfp8_e4m3", True)])
+def test_non_finite_input_reaches_output_amax(rng, fmt, use_bias, bad):
     """A NaN or Inf in the input gives its quantization block a NaN scale: the rows of y it
-    touches are NaN and output_amax is NaN, the other rows are unaffected."""
+    touches are NaN and output_amax is NaN, the other rows are unaffected; with a bias too, whose
+    amax is taken over y (4096+ elements, where XLA's CPU float max can drop a NaN)."""
     x = np.asarray(rng.normal(size=(64, 128)), np.float32)
     x[5, 17] = bad
-    mx = MXLinear(128, 64, use_bias=False, fmt=fmt, rngs=nnx.Rngs(0))
+    mx = MXLinear(128, 64, use_bias=use_bias, fmt=fmt, rngs=nnx.Rngs(0))
     y = np.asarray(mx(jnp.asarray(x)))
     assert np.isnan(float(mx.output_amax[...]))
     assert np.isnan(y[5]).all() and np.isfinite(np.delete(y, 5, axis=0)).all()
@@ -601,6 +602,14 @@ def test_errors():
         MXLinear(8, 8, grad_fmt="bf16", rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="amax_history_length"):
         MXLinear(8, 8, amax_history_length=-1, rngs=nnx.Rngs(0))
+    with pytest.raises(TypeError, match=r"MXLinear: in_features must be an int, got 70.5"):
+        MXLinear(70.5, 8, rngs=nnx.Rngs(0))
+    with pytest.raises(TypeError, match=r"MXLinear: out_dtype must be a floating dtype, got int32"):
+        MXLinear(8, 8, out_dtype=jnp.int32, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match=r"grad_fmt must be one of .*, got 'bad'"):
+        mx_matmul(jnp.ones((4, 8)), jnp.ones((8, 4)), grad_fmt="bad")
+    with pytest.raises(TypeError, match=r"mx_matmul: out_dtype: 'foo' is not a dtype"):
+        mx_matmul(jnp.ones((4, 8)), jnp.ones((8, 4)), out_dtype="foo")
     with pytest.raises(ValueError, match=r"MXLinear: save_residuals must be one of \('full', 'quantized'\), got 'fp8'"):
         MXLinear(8, 8, save_residuals="fp8", rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match=r"mx_matmul: save_residuals must be one of \('full', 'quantized'\), got None"):

@@ -168,6 +168,15 @@ def test_empty_input_amax_is_zero():
     assert q.shape == (0, 64) and s.shape == (0, 1, 32, 4, 4) and float(amax) == 0.0
 
 
+@pytest.mark.parametrize("shape", [(3, 0, 64), (0, 4, 64), (3, 2, 0, 64)])
+def test_vmap_of_empty_input(shape):
+    """Empty items, or none, under vmap: the shapes quantize gives item by item."""
+    q, s, amax = jax.vmap(lambda v: jga.quantize(v, "mxfp4", return_amax=True))(jnp.ones(shape))
+    item_q, item_s = jga.quantize(jnp.ones(shape[1:]), "mxfp4")
+    assert q.shape == (shape[0],) + item_q.shape and s.shape == (shape[0],) + item_s.shape
+    assert amax.shape == (shape[0],) and not np.asarray(amax).any()
+
+
 def test_vmap_of_axis_minus_two_is_per_item(rng):
     x = _finite_data(rng, (3, 2, 64, 96))
     f = functools.partial(jga.quantize, fmt="mxfp8_e5m2", axis=-2, return_amax=True)

@@ -120,6 +120,17 @@ def test_k_sharded_amax_is_of_the_full_sum(rng, c_dtype):
         assert "[1,128,128]" in _custom_call_operand_shapes(hlo)[0]  # local K slice
 
 
+def test_k_sharded_amax_keeps_a_nan(rng):
+    """A NaN code in one K shard: its row of C is NaN after the sum, and so is amax (taken over the
+    summed C, 128 x 128 elements: XLA's CPU float max of 4096+ can drop a NaN)."""
+    p = npref.random_problem(rng, "e4m3", E8M0, 32, 128, 128, 128 * SX, batch=1)
+    p.a.view(np.uint8)[0, 5, 7] = 0x7F
+    result, _ = _run(p, ((None, None, "x"), (None, None, "x")), "float32")
+    c = np.asarray(result.c)
+    assert np.isnan(c[0, 5]).all() and not np.isnan(np.delete(c, 5, axis=1)).any()
+    assert np.isnan(float(result.amax))
+
+
 def test_k_sharded_with_m_sharded_output_reduce_scatters(rng):
     p = npref.random_problem(rng, "e4m3", E8M0, 32, 128 * SX, 64, 128 * SX, batch=1)
     result, hlo = _run(p, ((None, None, "x"), (None, None, "x")), "float32", out_spec=(None, "x", None))

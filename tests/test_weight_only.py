@@ -210,6 +210,41 @@ def test_extreme_scales(rng, impl, m, a_dtype):
     assert np.all(np.abs(want[0, 0, : n // 2]) > normal) and np.all(np.abs(want[0, 1, n // 2 :]) > normal)
 
 
+@pytest.mark.parametrize("impl", ["kernel", "reference"])
+def test_subnormal_bfloat16_activations_and_results(rng, impl):
+    """bfloat16 a down to 2^-133 (fp32 subnormals, which XLA's CPU flushes inside a dot) against
+    e8m0 2^100: C is an ordinary number. A subnormal C rounds once: 5 * 2^-133 times 2^-16 (e5m2)
+    times 2^-3 is 0.625 * 2^-149, so 2^-149 (rounded in two steps, by 2^-1 then 2^-2, it was 0)."""
+    fn = jga.gemm_amax if impl == "kernel" else jga.reference_gemm_amax
+    m, n, k = 4, 32, 64
+    magnitude = rng.uniform(1, 2, (1, m, k)) * np.exp2(rng.integers(-133, -118, (1, m, k)))
+    a = (magnitude * rng.choice([-1.0, 1.0], (1, m, k))).astype(ml_dtypes.bfloat16)
+    assert (np.abs(a.astype(np.float64)) < 2.0**-126).mean() > 0.3
+    b = npref.random_operand(rng, 1, n, k, "e4m3")
+    sfb = npref.physical_scales(np.full((1, n, k // 32), 227, np.uint8), E8M0)
+    result = fn(a[0], b[0], None, sfb[0])
+    want, abssum, amax = oracle(a, b, sfb, 32)
+    assert np.all(np.abs(want) > 2.0**-100)  # ordinary numbers
+    np.testing.assert_allclose(np.asarray(result.c)[None], want, rtol=0, atol=2e-5 * np.max(abssum))
+    _amax_close(result.amax, amax, abssum)
+
+    a = np.zeros((32, 32), ml_dtypes.bfloat16)
+    a[0, 0] = 5 * 2.0**-133
+    b = np.zeros((32, 32), np.uint8)
+    b[:, 0] = 0x01  # e5m2 2^-16
+    sfb = npref.physical_scales(np.full((1, 32, 1), 124, np.uint8), E8M0)[0]
+    c = np.asarray(fn(a, b.view(ml_dtypes.float8_e5m2), None, sfb).c)
+    assert c[0, 0] == np.float32(5 * 2.0**-152) == np.float32(2.0**-149)
+
+
+def test_reference_is_not_differentiable(rng):
+    """As gemm_amax: an error, not the zero derivative of its bit-level decoding."""
+    a, b, sfb, sfv = _problem(rng, "e4m3", "bfloat16", 4, 32, 64)
+    for fn in (jga.gemm_amax, jga.reference_gemm_amax):
+        with pytest.raises(NotImplementedError, match="Differentiation rule"):
+            jax.grad(lambda x, fn=fn: fn(x, b[0], None, sfb[0]).c.astype(jnp.float32).sum())(a[0])
+
+
 # --- errors: trace time (Python) and the FFI handler's own rules (C++) ---
 
 
@@ -340,6 +375,19 @@ def test_sharded_matches_unsharded(rng, b_format, a_spec, b_spec):
     np.testing.assert_allclose(
         np.asarray(result.c, np.float32), np.asarray(ref.c, np.float32), rtol=2.0**-7, atol=1e-4 * float(ref.amax)
     )
+
+
+@pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 devices")
+@pytest.mark.parametrize("a_spec", [(None, None, None), (None, "x", None)])
+def test_sharded_rows_of_whole_scale_blocks_on_every_device(rng, a_spec):
+    """M of 8 scale blocks on the 8 devices: A's rows are a compound factor of the rule, whose
+    block count no sfa names (a weight-only call has none)."""
+    mesh = Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("x", "y"))
+    a, b, sfb, sfv = _problem(rng, "e4m3", "bfloat16", 1024, 128, 256)
+    put = lambda x, s: jax.device_put(x, NamedSharding(mesh, P(*s)))
+    args = (put(a, a_spec), put(b, (None,) * 3), put(sfb, (None,) * 6))
+    result = jax.jit(lambda a, b, s: jga.gemm_amax(a, b, None, s, sf_vec_size=sfv, c_dtype=jnp.float32))(*args)
+    _check(result, a, b, sfb, sfv, c_dtype="float32")
 
 
 # --- the CUDA platform: the few-row kernel where it takes the problem, else XLA's dot ---

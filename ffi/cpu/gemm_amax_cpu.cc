@@ -94,15 +94,18 @@ inline float AbsMax(float acc, float x) {
 // scale in halves (numerics.h): e8m0 2^e gives (2^floor(e/2), 2^ceil(e/2)) on A and
 // (2^ceil(e/2), 2^floor(e/2)) on B, so A1*B1 and A2*B2 are 2^floor(E/2) and 2^ceil(E/2), in some
 // order (E = ea + eb), each in [2^-127, 2^127]: whole vectors of them per group cost two
-// multiplies. e4m3 scales (sa * sb is exact and in range) use the first factor alone.
+// multiplies. e4m3 scales (sa * sb is exact and in range) use the first factor alone, and so do
+// weight-only problems (`whole`): SFB's 2^e is itself an fp32 number (2^-127 a subnormal, which
+// this kernel keeps), and one multiply rounds a group's term once, as the contract says.
 struct ScalePair {
   float first, second;
 };
 
-inline ScalePair SplitScale(ScaleType type, uint8_t byte, bool is_a) {
+inline ScalePair SplitScale(ScaleType type, uint8_t byte, bool is_a, bool whole) {
   if (type == ScaleType::kE4M3) return {DecodeE4M3(byte), 1.0f};
   if (byte == 0xFF) return {NAN, NAN};
   const int e = static_cast<int>(byte) - 127;
+  if (whole) return {Pow2(e), 1.0f};
   const int lo = e >> 1, hi = e - lo;
   return is_a ? ScalePair{Pow2(lo), Pow2(hi)} : ScalePair{Pow2(hi), Pow2(lo)};
 }
@@ -150,7 +153,7 @@ void PackPanel(const GemmAmaxProblem& p, const uint8_t* values, const uint8_t* s
       for (int64_t k = 0; k < p.k; ++k) dst[k * width + w] = DecodeOperand(p.ab_type, src[k]);
     }
     for (int64_t g = 0; g < groups; ++g) {
-      const ScalePair s = SplitScale(p.sf_type, scales[ScaleOffset(row, g, k_blocks)], is_a);
+      const ScalePair s = SplitScale(p.sf_type, scales[ScaleOffset(row, g, k_blocks)], is_a, p.weight_only());
       s1[g * width + w] = s.first;
       s2[g * width + w] = s.second;
     }
@@ -204,6 +207,7 @@ using MicroKernelFn = void (*)(const float*, const float*, const float*, const f
 
 MicroKernelFn PickMicroKernel(const GemmAmaxProblem& p) {
   if (p.sf_type == ScaleType::kE4M3) return MicroKernel<16, false>;  // NVFP4: sf_vec_size 16
+  if (p.weight_only()) return p.sf_vec_size == 16 ? MicroKernel<16, false> : MicroKernel<32, false>;
   return p.sf_vec_size == 16 ? MicroKernel<16, true> : MicroKernel<32, true>;
 }
 

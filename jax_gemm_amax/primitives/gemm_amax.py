@@ -31,7 +31,7 @@ How a sharded call runs (decided in :func:`_plan`, from the operands' shardings)
 * K sharding computes each shard's partial C in fp32, sums it across the K axes (``psum``, or
   ``psum_scatter`` when the requested output is sharded along those axes over M or N), and
   only then takes amax and rounds to ``c_dtype``: amax is that of the full sum.
-* amax is the ``pmax`` of the local amaxes over the axes that split C.
+* amax is the ``pmax`` of the local amaxes over the axes that split C (on their bits: NaN kept).
 
 Inside ``shard_map`` (all axes manual) the op runs on the local blocks as written; the user
 reduces amax with ``jax.lax.pmax``.
@@ -334,10 +334,10 @@ def _partition(c_dtype, sf_vec_size, tile_m, tile_n, cluster_m, cluster_n, mesh,
                     c32 = jax.lax.psum(c32, plan.k)
                 else:
                     c32 = jax.lax.psum_scatter(c32, plan.k, scatter_dimension=plan.scatter_dim, tiled=True)
-                amax = jnp.max(jnp.abs(c32), axis=(1, 2))
+                amax = formats.magnitude_max(c32, axis=(1, 2))  # NaN kept
                 c = formats.saturating_cast(c32, c_dtype)
             if amax_axes:
-                amax = jax.lax.pmax(amax, amax_axes)
+                amax = formats.pmax_nan(amax, amax_axes)
             return c, amax
 
     return mesh, lower_fn, plan.result_shardings(mesh), plan.operand_shardings(mesh, weight_only)
@@ -373,6 +373,8 @@ def _sharding_rule(c_dtype, sf_vec_size, tile_m, tile_n, cluster_m, cluster_n, m
     b_rows = rows("n", n, sfb[1], "nr", SCALE_ROWS_PER_BLOCK)
     c_cols = rows("n", n, sfb[1], "nc", c[2] // sfb[1]) if b_rows.startswith("(") else "n"
     sfa_rows = "mb" if a_rows.startswith("(") else "ma"
+    if weight_only and a_rows.startswith("("):  # no sfa names mb's size
+        sizes["mb"] = m_blocks
     sfb_rows = "nb" if b_rows.startswith("(") else "na"
     k_blocks = sfb[2]
     packed_b = _is_packed(operand_types[1])

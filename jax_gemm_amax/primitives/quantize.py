@@ -115,7 +115,7 @@ def _batch_rule(args, dims, *, fmt, mode):
     x = jnp.moveaxis(x, d, 0)
     size = x.shape[0]
     outs = quantize_p.bind(x.reshape((size * x.shape[1],) + x.shape[2:]), fmt=fmt, mode=mode)
-    return [o.reshape((size, -1) + o.shape[1:]) for o in outs], [0] * len(outs)
+    return [o.reshape((size, x.shape[1]) + o.shape[1:]) for o in outs], [0] * len(outs)
 
 
 batching.primitive_batchers[quantize_p] = _batch_rule
@@ -171,12 +171,6 @@ def _infer_sharding_from_operands(fmt, mode, mesh, arg_shapes, result_shape):
     return _result_shardings(mesh, _plan_from_shapes(fmt, mode, mesh, arg_shapes), mode)
 
 
-def pmax_nan(amax, axes):
-    """``pmax`` that keeps NaN: amax is >= 0 or NaN, whose bits order as int32 (NaN above +Inf)."""
-    bits = jax.lax.bitcast_convert_type(jnp.where(jnp.isnan(amax), jnp.nan, amax), jnp.int32)
-    return jax.lax.bitcast_convert_type(jax.lax.pmax(bits, axes), jnp.float32)
-
-
 def _partition(fmt, mode, mesh, arg_shapes, result_shape):
     plan = _plan_from_shapes(fmt, mode, mesh, arg_shapes)
     within_item = plan[1] + plan[2]  # the axes that split one item share its amax
@@ -185,7 +179,7 @@ def _partition(fmt, mode, mesh, arg_shapes, result_shape):
         with jax.sharding.use_abstract_mesh(manual_mesh(mesh)):
             *outs, amax = _local_quantize(x, fmt, mode)
             if within_item:
-                amax = pmax_nan(amax, within_item)
+                amax = formats.pmax_nan(amax, within_item)
             return (*outs, amax)
 
     x_sharding = NamedSharding(mesh, P(*(spec_entry(a) for a in plan)))

@@ -158,10 +158,10 @@ def _cuda_workspace_bytes(batch, m, n, k, operand_dtype, scale_dtype, sf_vec_siz
 
 def _weight_only_xla(a, b, sfb, *, c_dtype, sf_vec_size, **hints):
     """A weight-only call through XLA: the fp32 sum, amax on it, then C rounded as the kernels do."""
-    from ..ops import _magnitude_max, weight_only_sum  # ops imports this module
+    from ..ops import weight_only_sum  # ops imports this module
 
     acc = weight_only_sum(a, b, sfb, sf_vec_size)
-    return formats.saturating_cast(acc, c_dtype), _magnitude_max(acc, axis=(1, 2))
+    return formats.saturating_cast(acc, c_dtype), formats.magnitude_max(acc, axis=(1, 2))
 
 
 def _with_workspace(ctx, operands, nbytes, target, params):

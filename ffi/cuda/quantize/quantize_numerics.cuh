@@ -104,11 +104,10 @@ __device__ __forceinline__ float ExactPow2(int k) {
   return __uint_as_float(k >= -126 ? static_cast<uint32_t>(k + 127) << 23 : 1u << 22);
 }
 
-// frexp's ceil(log2(r)) for finite r >= 0 (0 for r == 0, as frexp(0) gives exponent 0).
+// ceil(log2(r)) for finite r > 0, subnormals included.
 __device__ __forceinline__ int CeilLog2(float r) {
   const uint32_t bits = __float_as_uint(r);
   const uint32_t e = bits >> 23, man = bits & 0x7FFFFFu;
-  if (bits == 0) return 0;
   if (e == 0) {  // subnormal: r = man * 2^-149
     const int floor_log2 = 31 - __clz(man) - 149;
     return (man & (man - 1)) == 0 ? floor_log2 : floor_log2 + 1;
@@ -141,7 +140,10 @@ __device__ __forceinline__ BlockScale ScaleOf(uint32_t abs_bits) {
   if (abs_bits >= kInfBits) return {static_cast<uint8_t>(FT::kMx ? 0xFF : 0x7F), 1.0f};  // NaN or Inf
   const float amax = __uint_as_float(abs_bits);
   if constexpr (FT::kMx) {
-    int exponent = amax > 0.0f ? CeilLog2(__fmul_rn(amax, FT::kInvMax)) : -127;
+    // A ratio that underflows to 0 (amax below 2^-149 times the format's max: an all-subnormal
+    // block) clamps to -127 as ceil(log2(0)) would, like an all-zero block.
+    const float ratio = __fmul_rn(amax, FT::kInvMax);
+    int exponent = ratio > 0.0f ? CeilLog2(ratio) : -127;
     exponent = min(max(exponent, -127), 127);
     return {static_cast<uint8_t>(exponent + 127), ExactPow2(-exponent)};
   } else {

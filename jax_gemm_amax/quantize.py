@@ -96,7 +96,7 @@ def _quantize(x, f, mode, packed, return_amax, flat=False):
         outs = [formats.float4_from_packed(o) if i % 2 == 0 else o for i, o in enumerate(outs)]
     if not lead:
         outs = [o[0] for o in outs]
-    amax = formats.magnitude_max(amax)
+    amax = formats.magnitude_max(amax)  # over the items
     if flat:
         return outs, amax
     return (*outs, amax) if return_amax else tuple(outs)
@@ -140,37 +140,44 @@ def _quantize_rows(x3, f):
     """The arithmetic of quantize along the last axis of ``(L, R, K)``: codes (FP4 packed),
     physical scales, and each item's amax. The CUDA kernels (ffi/cuda/quantize) follow it bit for
     bit; the reciprocals are written out because XLA rewrites divisions by them into these
-    multiplies anyway, so the arithmetic is the same on every backend. Subnormal inputs, and
-    products that would be subnormal, are handled through the bits, so XLA's CPU (which flushes
-    subnormals to zero) gives the IEEE results too."""
+    multiplies anyway, so the arithmetic is the same on every backend. It is IEEE fp32 arithmetic,
+    subnormals included; on the CPU, where XLA flushes subnormals to zero, the parts that meet
+    them go through the bits instead (the same results, more operations)."""
+    return jax.lax.platform_dependent(
+        x3, cpu=functools.partial(_rows, f=f, flushing=True), default=functools.partial(_rows, f=f, flushing=False)
+    )
+
+
+def _rows(x3, f, flushing: bool):
+    """:func:`_quantize_rows`; ``flushing``: for a backend that flushes subnormals to zero."""
     batch, rows, k = x3.shape
     x3 = x3.astype(jnp.float32)
     blocks = x3.reshape(batch, rows, k // f.sf_vec_size, f.sf_vec_size)
-    bits = jax.lax.bitcast_convert_type(blocks, jnp.int32)
-    amax = formats.magnitude_max(blocks, axis=-1)  # NaN and subnormals kept
-    amax_bits = jax.lax.bitcast_convert_type(amax, jnp.int32)
-    finite = amax_bits < 0x7F800000
+    if flushing:
+        amax = formats.magnitude_max(blocks, axis=-1)  # an integer max: NaN and subnormals kept
+        amax_bits = jax.lax.bitcast_convert_type(amax, jnp.int32)
+        finite = amax_bits < 0x7F800000
+    else:
+        # NaN enters the max as +Inf: XLA's CPU max reductions of 4096+ elements can drop a NaN, never an Inf.
+        amax = jnp.max(jnp.where(jnp.isnan(blocks), jnp.inf, jnp.abs(blocks)), axis=-1)
+        finite = amax < jnp.inf
     reciprocal_max = np.float32(1) / np.float32(f.max_value)
 
     if f.scale_dtype == np.dtype(jnp.float8_e8m0fnu):
-        mant, exp = jnp.frexp(amax * reciprocal_max)  # ratio = mant * 2^exp, mant in [0.5, 1)
-        exponent = jnp.where(mant == 0.5, exp - 1, exp)  # ceil(log2(ratio)) where the ratio is normal
-        normal, above = _tiny_amax_bits(f.max_value)
-        exponent = jnp.where(amax_bits >= normal, exponent, jnp.where(amax_bits >= above, -126, -127))
+        ratio = amax * reciprocal_max
+        mant, exp = jnp.frexp(ratio)  # ratio = mant * 2^exp, mant in [0.5, 1)
+        exponent = jnp.where(mant == 0.5, exp - 1, exp)  # ceil(log2(ratio))
+        if flushing:  # where the ratio is an fp32 subnormal, it is 0 here: two thresholds decide
+            normal, above = _tiny_amax_bits(f.max_value)
+            exponent = jnp.where(amax_bits >= normal, exponent, jnp.where(amax_bits >= above, -126, -127))
+        else:  # ceil(log2(0)) clamps to -127: an all-zero block, or one whose ratio underflows
+            exponent = jnp.where(ratio > 0, exponent, -127)
         exponent = jnp.where(finite, jnp.clip(exponent, -127, 127), 0)
         scales = formats.e8m0_from_exponent(exponent)
         scales = jnp.where(finite, scales, jnp.array(jnp.nan, scales.dtype))  # 0xFF
         scaled = blocks * formats.exact_pow2(-exponent)[..., None]  # per block, not per element
-        # A subnormal x is m * 2^-149 (m its fraction bits); times 2^-exponent it is normal where
-        # exponent <= -23, and elsewhere far below every format's smallest value: a signed zero.
-        shift = -149 - exponent[..., None]
-        fraction = (bits & 0x7FFFFF).astype(jnp.float32)
-        tiny = jnp.where(shift >= -126, fraction * formats.exact_pow2(jnp.maximum(shift, -126)), 0.0)
-        tiny = jax.lax.bitcast_convert_type(
-            jax.lax.bitcast_convert_type(tiny, jnp.int32) | (bits & np.int32(-(2**31))), jnp.float32
-        )
-        subnormal = ((bits & 0x7F800000) == 0) & ((bits & 0x7FFFFF) != 0)
-        scaled = jnp.where(subnormal, tiny, scaled)
+        if flushing:
+            scaled = jnp.where(_subnormal(blocks), _subnormal_times_pow2(blocks, -exponent[..., None]), scaled)
     else:  # nvfp4: e4m3 scales; x / s for a subnormal x is below e2m1's smallest value (s >= 2^-9)
         scales = jnp.clip(amax * reciprocal_max, 0, 448.0).astype(jnp.float8_e4m3fn)
         s = jnp.where(finite, formats.decode_fp8(scales), 1.0)
@@ -182,7 +189,29 @@ def _quantize_rows(x3, f):
         q = formats.pack_fp4(formats.e2m1_codes(scaled))
     else:
         q = formats.saturating_cast(scaled, f.value_dtype)
-    return q, physical_from_plain(scales), formats.magnitude_max(amax, axis=(1, 2))
+    if flushing:
+        item_amax = formats.magnitude_max(amax, axis=(1, 2))
+    else:
+        item_amax = jnp.max(amax, axis=(1, 2), initial=0.0)
+        item_amax = jnp.where(jnp.any(jnp.isnan(x3), axis=(1, 2)), jnp.nan, item_amax)
+    return q, physical_from_plain(scales), item_amax
+
+
+def _subnormal(x):
+    bits = jax.lax.bitcast_convert_type(x, jnp.int32)
+    return ((bits & 0x7F800000) == 0) & ((bits & 0x7FFFFF) != 0)
+
+
+def _subnormal_times_pow2(x, k):
+    """``x * 2^k`` for subnormal ``x`` (m * 2^-149, m its fraction bits) and int ``k`` <= 127,
+    through the bits: m * 2^(k - 149), normal where k >= 23, else far below every format's
+    smallest value and given as a signed zero."""
+    bits = jax.lax.bitcast_convert_type(x, jnp.int32)
+    shift = k - 149
+    fraction = (bits & 0x7FFFFF).astype(jnp.float32)
+    magnitude = jnp.where(shift >= -126, fraction * formats.exact_pow2(jnp.maximum(shift, -126)), 0.0)
+    signed = jax.lax.bitcast_convert_type(magnitude, jnp.int32) | (bits & np.int32(-(2**31)))
+    return jax.lax.bitcast_convert_type(signed, jnp.float32)
 
 
 def quantize_jnp(x3, fmt: str, mode: int):

@@ -332,7 +332,7 @@ def test_quantize_kernels_use_no_local_memory(tools, binary, arch):
     kernels = {
         name: body
         for name, body in _sass_by_function(sass).items()
-        if "8quantize" in name and ("RowKernel" in name or "TileKernel" in name)
+        if "8quantize" in name and any(k in name for k in ("RowKernel", "TileKernel", "StripKernel"))
     }
     assert len(kernels) == 36, f"expected 36 quantize kernels for {arch}, found {sorted(kernels)}"
     for name, body in kernels.items():

@@ -4,14 +4,20 @@
 //     neighbouring lanes (one shuffle for its amax). Each thread loads kRowChunks chunks (128
 //     bytes of input) before converting any, so that enough bytes are in flight to cover the
 //     memory latency: with one chunk per load-convert-store round the kernel was latency-bound.
-//   * TileKernel, columnwise (and the pair): tiles of kTileRows rows x 128 columns of x are copied
-//     into shared memory with cp.async, double-buffered (the next tile lands while this one is
-//     converted). Column pass: each item quantizes one block of kVec rows of one or two columns
-//     (the transposed output: a column's codes of a tile are 32-128 contiguous bytes); row pass
-//     (the pair): each item one block of one row (lanes on consecutive rows: conflict-free).
-// MXFP4 from bf16 rows are encoded two elements per instruction (E2M1CodesBF16x2): with the fp32
-// encoder (~16 instructions per element) RowKernel reached 0.58 of the copy rate on an H100 at
-// 16384 x 8192, with it 0.74.
+//   * TileKernel, columnwise only: tiles of kTileRows rows x 128 columns of x are copied into
+//     shared memory with cp.async, double-buffered (the next tile lands while this one is
+//     converted); each item quantizes one block of kVec rows of one or two columns (the
+//     transposed output: a column's codes of a tile are 32-128 contiguous bytes).
+//   * StripKernel, the pair: each thread holds a strip of 32 rows x 4 bytes of columns in
+//     registers and quantizes its columns (one MX block each, the transposed output) and its
+//     share of the rows (a row block spans 8-32 lanes of the warp).
+// Measured on an H100 at 16384 x 8192 bf16 (bench_quantize.py, fraction of the copy rate), the
+// strip kernel beats the tile kernel with a row pass for the pair (MXFP8 0.57 against 0.45-0.46)
+// and loses to it on columns alone (MXFP8 0.54 against 0.57-0.58, NVFP4 0.29 against 0.46); not
+// profiled, but a strip's loads are not overlapped with its own conversion, and the tile
+// kernel's cp.async ring overlaps them.
+// MXFP4 from bf16 encodes two elements per instruction in RowKernel and StripKernel
+// (E2M1CodesBF16x2): MXFP4 rows went from 0.58 to 0.74 of the copy rate with it.
 // Both write every scale byte of the physical layout (padding bytes 0, as physical_from_plain)
 // and reduce amax per batch item into bits zeroed before the launch (unsigned max of |x| bits is
 // the float max, NaN canonical above +Inf).
@@ -28,6 +34,8 @@ constexpr int kTileThreads = 256;
 constexpr int kTileD = 128;        // columns of x per tile
 constexpr int kTileBytes = 32768;  // input bytes of a tile: 128 rows of 2-byte input, 64 of fp32
 constexpr int kTilePad = 16;       // bytes of padding per shared-memory tile row (conflict-free reads)
+constexpr int kStripThreads = 256;
+constexpr int kStripRows = 32;  // rows of a strip: one MX block of each of its columns
 
 // Rows of x per tile, and the shared-memory pitch of a tile row (bytes).
 template <class T>
@@ -98,6 +106,32 @@ __device__ __forceinline__ void ZeroRowPadding(uint8_t* s, int64_t batch, int64_
   for (int64_t l = 0; l < batch; ++l) {
     for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < pad_rows * groups; i += gridDim.x * blockDim.x)
       s[l * stride + ScaleOffset(rows + i / groups, i % groups, k_blocks)] = 0;
+  }
+}
+
+// Zeros the padding bytes of one orientation's scales (those physical_from_plain pads) for every
+// batch item, grid-stride: the missing groups [groups, 4 * k_blocks) of rows [0, rows), then every
+// group of the padded rows [rows, 128 * row_blocks). Kept out of the kernels' loops, where the
+// branch on the last group cost registers. 32-bit index arithmetic (the counts are below 2^32 for
+// K < 2^29): a 64-bit division is a subroutine call, whose register convention made ptxas spill.
+__device__ __forceinline__ void ZeroScalePadding(uint8_t* s, int64_t batch, int64_t rows, int64_t groups,
+                                                 int64_t k_blocks) {
+  const int64_t row_blocks = CeilDiv(rows, kScaleRowsPerBlock);
+  const uint32_t all = static_cast<uint32_t>(k_blocks * kScaleGroupsPerBlock);
+  const uint32_t missing = all - static_cast<uint32_t>(groups);
+  const uint32_t tail = static_cast<uint32_t>(rows) * missing;
+  const uint32_t total = tail + static_cast<uint32_t>(row_blocks * kScaleRowsPerBlock - rows) * all;
+  const int64_t stride = row_blocks * k_blocks * kScaleBlockElems;
+  for (int64_t l = 0; l < batch; ++l) {
+    for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+      int64_t row, g;
+      if (i < tail) {
+        row = i / missing, g = groups + i % missing;
+      } else {
+        row = rows + (i - tail) / all, g = (i - tail) % all;
+      }
+      s[l * stride + ScaleOffset(row, g, k_blocks)] = 0;
+    }
   }
 }
 
@@ -191,14 +225,13 @@ __global__ void __launch_bounds__(kRowThreads)
           const int64_t g = pos.c / kLanesPerBlock;
           uint8_t* sl = s + pos.l * scale_stride;
           sl[ScaleOffset(pos.r, g, k_blocks)] = bs.code;
-          if (g == groups - 1) ZeroGroupPadding(sl, pos.r, groups, k_blocks);
         }
       }
       if (u + 1 < kU) pos.Advance(dl32, dr32, dc32, per_row, p.rows);
     }
     pos.Advance(dlr, drr, dcr, per_row, p.rows);
   }
-  ZeroRowPadding(s, p.batch, p.rows, k_blocks);
+  ZeroScalePadding(s, p.batch, p.rows, groups, k_blocks);
   acc.Flush(amax);
 }
 
@@ -208,6 +241,19 @@ __device__ __forceinline__ void StoreBlock(uint8_t* dst, const float* v, float m
   constexpr int kVec = FormatTraits<F>::kVec;
 #pragma unroll
   for (int i = 0; i < kVec; i += 16) StoreCodes16<F>(dst + (FormatTraits<F>::kFp4 ? i / 2 : i), v + i, mul);
+}
+
+// The low kBytes bytes of `bits` to global memory, streaming.
+template <int kBytes>
+__device__ __forceinline__ void StoreBits(uint8_t* dst, uint32_t bits) {
+  if constexpr (kBytes == 4) {
+    __stcs(reinterpret_cast<unsigned int*>(dst), bits);
+  } else if constexpr (kBytes == 2) {
+    __stcs(reinterpret_cast<unsigned short*>(dst), static_cast<unsigned short>(bits));
+  } else {
+    static_assert(kBytes == 1, "1, 2 or 4 bytes");
+    __stcs(reinterpret_cast<unsigned char*>(dst), static_cast<unsigned char>(bits));
+  }
 }
 
 // Copies tile (l, t0, d0) of x into the tile buffer at shared address `buf` (rows kTileRows,
@@ -240,10 +286,9 @@ __device__ __forceinline__ void LoadTile(const QuantizeProblem& p, const typenam
   }
 }
 
-template <QuantizeFormat F, QuantizeInput I, bool kRows>
-__global__ void __launch_bounds__(kTileThreads)
-    TileKernel(QuantizeProblem p, const typename InputTraits<I>::T* x, uint8_t* q_row, uint8_t* s_row, uint8_t* q_col,
-               uint8_t* s_col, unsigned* amax) {
+template <QuantizeFormat F, QuantizeInput I>
+__global__ void __launch_bounds__(kTileThreads, 1)  // without the 1, ptxas spilled the FP8 kernels
+    TileKernel(QuantizeProblem p, const typename InputTraits<I>::T* x, uint8_t* q_col, uint8_t* s_col, unsigned* amax) {
   using T = typename InputTraits<I>::T;
   constexpr int kVec = FormatTraits<F>::kVec;
   constexpr int kTileT = kTileRows<T>;
@@ -253,14 +298,11 @@ __global__ void __launch_bounds__(kTileThreads)
   // a tile), read a word per row.
   constexpr int kColsPerItem = 4 / int(sizeof(T));
   constexpr int kColItems = (kTileD / kColsPerItem) * (kTileT / kVec);
-  constexpr int kRowItems = kTileT * (kTileD / kVec);
   extern __shared__ __align__(16) uint8_t tiles[];
 
   const int64_t t_tiles = CeilDiv(p.rows, kTileT), d_tiles = CeilDiv(p.k, kTileD);
   const int64_t col_groups = p.rows / kVec, col_k_blocks = p.k_blocks(p.rows);
   const int64_t col_stride = p.row_blocks(p.k) * col_k_blocks * kScaleBlockElems;
-  const int64_t row_groups = p.k / kVec, row_k_blocks = p.k_blocks(p.k);
-  const int64_t row_stride = p.row_blocks(p.rows) * row_k_blocks * kScaleBlockElems;
   const bool vector_rows = (p.k * int64_t(sizeof(T))) % 16 == 0;
   AmaxAccumulator acc;
 
@@ -318,33 +360,204 @@ __global__ void __launch_bounds__(kTileThreads)
         if (g == col_groups - 1) ZeroGroupPadding(sl, d, col_groups, col_k_blocks);
       }
     }
-
-    if constexpr (kRows) {
-      // Rows: item = (block column, tile row), consecutive items on consecutive rows.
-#pragma unroll 1
-      for (int item = threadIdx.x; item < kRowItems; item += kTileThreads) {
-        const int row = item % kTileT, g_local = item / kTileT;
-        const int64_t t = t0 + row, dstart = d0 + g_local * kVec;
-        if (t >= p.rows || dstart >= p.k) continue;  // K is a multiple of kVec: blocks are whole
-        float v[kVec];
-        const uint4* src = reinterpret_cast<const uint4*>(buf + row * kPitch + g_local * kVec * int(sizeof(T)));
-#pragma unroll
-        for (int i = 0; i < kVec / kPerVec<I>; ++i) FromVector<I>(src[i], v + i * kPerVec<I>);
-        uint32_t m = 0;
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) m = max(m, AbsBits(v[j]));
-        const BlockScale bs = ScaleOf<F>(m);  // amax: the column pass saw these elements
-        StoreBlock<F>(q_row + (l * p.rows + t) * p.code_bytes(p.k) + p.code_bytes(dstart), v, bs.mul);
-        const int64_t g = dstart / kVec;
-        uint8_t* sl = s_row + l * row_stride;
-        sl[ScaleOffset(t, g, row_k_blocks)] = bs.code;
-        if (g == row_groups - 1) ZeroGroupPadding(sl, t, row_groups, row_k_blocks);
-      }
-    }
     __syncthreads();  // the buffer is read before the copy after next overwrites it
   }
   ZeroRowPadding(s_col, p.batch, p.k, col_k_blocks);
-  if constexpr (kRows) ZeroRowPadding(s_row, p.batch, p.rows, row_k_blocks);
+  acc.Flush(amax);
+}
+
+// Elements of a strip row: one 32-bit word (2 of 2-byte input, 1 of fp32).
+template <QuantizeInput I>
+constexpr int kStripCols = I == QuantizeInput::kF32 ? 1 : 2;
+
+// Loads one strip: `rows` rows (0 past K) from xs, K's pitch apart, zeros below them. K is a
+// multiple of the block size, so a row's 4-byte word lies wholly inside or past K.
+template <QuantizeInput I>
+__device__ __forceinline__ void LoadStrip(const QuantizeProblem& p, const typename InputTraits<I>::T* xs, int rows,
+                                          uint32_t (&raw)[kStripRows]) {
+  const unsigned int* src = reinterpret_cast<const unsigned int*>(xs);
+  const int64_t pitch = p.k * int64_t(sizeof(typename InputTraits<I>::T)) / 4;  // words per row
+#pragma unroll
+  for (int r = 0; r < kStripRows; ++r, src += pitch) raw[r] = r < rows ? __ldcs(src) : 0u;
+}
+
+// The pair's rows are quantized a slice of strip rows at a time (fewer registers): 16 rows, or one
+// per lane where a row block spans the whole warp (fp32 MX).
+template <int P>
+constexpr int kRowSlice = P < 16 ? 16 : P;
+
+// Max over the P lanes of a row block, transposed: on entry m[r] is this lane's max of slice row r;
+// on return m[i], i < S / P, is the row block's max of row (lane % P) * (S / P) + i. Each step
+// trades half of the rows with the lane H apart: S - S / P shuffles in all, not log2(P) per row.
+// Call with H = P / 2, N = S.
+template <int H, int N, int S>
+__device__ __forceinline__ void TransposeMax(uint32_t (&m)[S], int lane) {
+  if constexpr (H >= 1) {
+    const bool upper = lane & H;
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) {
+      const uint32_t lo = m[i], hi = m[i + N / 2];
+      m[i] = max(upper ? hi : lo, __shfl_xor_sync(0xFFFFFFFFu, upper ? lo : hi, H));
+    }
+    TransposeMax<H / 2, N / 2>(m, lane);
+  }
+}
+
+// The pair (both orientations from one read). A thread quantizes one strip of x at a time:
+// kStripRows rows of kStripCols adjacent columns, one 4-byte load per row, all in registers; a
+// warp's strips are side by side, so each of its loads reads 128 contiguous bytes, and a warp's 32
+// loads are in flight together. The strip's columns are one MX block (two NVFP4 blocks) each: their
+// amax, scale and codes (32 contiguous bytes of the transposed output, FP4 16) need no other
+// thread. The rows: a row block spans P = kVec / kStripCols lanes, whose maxima TransposeMax
+// combines; each lane then takes the scales of 1 / P of a slice's rows and hands their multipliers
+// to the block's other lanes by one shuffle per row. No shared memory and no barriers: TileKernel
+// with a row pass reached 0.45 of the copy rate for the MXFP8 pair on an H100, this kernel 0.57;
+// with 8-byte loads per row (twice the columns) a thread needed over 200 registers; a
+// prefetch.global.L2 of the warp's unit after next lowered the MXFP8 pair to 0.52.
+template <QuantizeFormat F, QuantizeInput I>
+__global__ void __launch_bounds__(kStripThreads, 2)
+    StripKernel(QuantizeProblem p, const typename InputTraits<I>::T* x, uint8_t* q_row, uint8_t* s_row, uint8_t* q_col,
+                uint8_t* s_col, unsigned* amax) {
+  using IT = InputTraits<I>;
+  constexpr int kVec = FormatTraits<F>::kVec;
+  constexpr int kCols = kStripCols<I>, kWarpCols = 32 * kCols;
+  constexpr int kBlocks = kStripRows / kVec;  // column blocks per strip
+  // MXFP4 from bf16: two elements per instruction (E2M1CodesBF16x2).
+  constexpr bool kPackedE2M1 = F == QuantizeFormat::kMxfp4 && I == QuantizeInput::kBF16;
+  const int64_t col_groups = p.rows / kVec, col_k_blocks = p.k_blocks(p.rows);
+  const int64_t col_stride = p.row_blocks(p.k) * col_k_blocks * kScaleBlockElems;
+  const int64_t row_groups = p.k / kVec, row_k_blocks = p.k_blocks(p.k);
+  const int64_t row_stride = p.row_blocks(p.rows) * row_k_blocks * kScaleBlockElems;
+  const int lane = threadIdx.x & 31;
+  AmaxAccumulator acc;
+
+  // Strip counts fit 32 bits (the launcher checks): 32-bit divisions, no subroutine calls.
+  const uint32_t warp_cols = static_cast<uint32_t>(CeilDiv(p.k, kWarpCols));
+  const uint32_t per_item = static_cast<uint32_t>(CeilDiv(p.rows, kStripRows)) * warp_cols;
+  const uint32_t units = static_cast<uint32_t>(p.batch) * per_item;
+  constexpr uint32_t kWarps = kStripThreads / 32;
+  // One unit (32 strips side by side) per warp and round; consecutive warps walk along K.
+  for (uint32_t unit = blockIdx.x * kWarps + (threadIdx.x >> 5); unit < units; unit += gridDim.x * kWarps) {
+    const int64_t l = unit / per_item;
+    const uint32_t rem = unit % per_item;
+    const int64_t t0 = int64_t(rem / warp_cols) * kStripRows;
+    const int64_t d0 = int64_t(rem % warp_cols) * kWarpCols + lane * kCols;
+    // Rows of the strip inside R, 0 where its columns are past K: every load and store is
+    // predicated on one 32-bit comparison with it.
+    const int rows = d0 < p.k ? static_cast<int>(min(int64_t(kStripRows), p.rows - t0)) : 0;
+    uint32_t raw[kStripRows];
+    LoadStrip<I>(p, x + (l * p.rows + t0) * p.k + d0, rows, raw);
+
+    // Columns: per block, the word's max |x| (both columns at once for 2-byte input).
+    uint32_t cmax[kBlocks] = {};
+#pragma unroll
+    for (int r = 0; r < kStripRows; ++r) cmax[r / kVec] = IT::MaxWord(cmax[r / kVec], IT::AbsWord(raw[r]));
+    uint8_t* scl = s_col + l * col_stride;
+    if constexpr (kPackedE2M1) {  // both columns at once, a row's word per step
+      const bool second = d0 + 1 < p.k;
+      const BlockScale b0 = ScaleOf<F>(IT::AbsBitsOf(cmax[0], 0)), b1 = ScaleOf<F>(IT::AbsBitsOf(cmax[0], 1));
+      if (rows > 0) {
+        acc.Add(l, AmaxBits(IT::AbsBitsOf(cmax[0], 0)), amax);
+        acc.Add(l, AmaxBits(IT::AbsBitsOf(cmax[0], 1)), amax);
+      }
+      const uint32_t mul2 = (__float_as_uint(b0.mul) >> 16) | (__float_as_uint(b1.mul) & 0xFFFF0000u);
+      uint32_t out0[4], out1[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {  // 8 rows: a word of codes of each column
+        uint32_t pr[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          pr[i] = E2M1CodesBF16x2(raw[8 * q + 2 * i], mul2) | E2M1CodesBF16x2(raw[8 * q + 2 * i + 1], mul2) << 4;
+        const uint32_t lo = __byte_perm(pr[0], pr[1], 0x6240u), hi = __byte_perm(pr[2], pr[3], 0x6240u);
+        out0[q] = __byte_perm(lo, hi, 0x5410u);
+        out1[q] = __byte_perm(lo, hi, 0x7632u);
+      }
+      if (rows > 0) {
+        uint8_t* q0 = q_col + (l * p.k + d0) * p.code_bytes(p.rows) + p.code_bytes(t0);
+        __stcs(reinterpret_cast<uint4*>(q0), make_uint4(out0[0], out0[1], out0[2], out0[3]));
+        scl[ScaleOffset(d0, t0 / kVec, col_k_blocks)] = b0.code;
+        if (second) {
+          __stcs(reinterpret_cast<uint4*>(q0 + p.code_bytes(p.rows)), make_uint4(out1[0], out1[1], out1[2], out1[3]));
+          scl[ScaleOffset(d0 + 1, t0 / kVec, col_k_blocks)] = b1.code;
+        }
+      }
+    } else {
+      // One column at a time: unrolled, the compiler interleaves both and needs ~50 more registers.
+#pragma unroll 1
+      for (int j = 0; j < kCols; ++j) {
+        const int64_t d = d0 + j;
+        if (d >= p.k) break;
+#pragma unroll
+        for (int b = 0; b < kBlocks; ++b) {
+          const int64_t t = t0 + b * kVec;
+          if (t >= p.rows) break;  // rows is a multiple of kVec: blocks are whole
+          const uint32_t m = IT::AbsBitsOf(cmax[b], j);
+          acc.Add(l, AmaxBits(m), amax);
+          const BlockScale bs = ScaleOf<F>(m);
+          float v[kVec];
+#pragma unroll
+          for (int e = 0; e < kVec; ++e) v[e] = IT::FromBits(raw[b * kVec + e], j);
+          StoreBlock<F>(q_col + (l * p.k + d) * p.code_bytes(p.rows) + p.code_bytes(t), v, bs.mul);
+          const int64_t g = t / kVec;
+          scl[ScaleOffset(d, g, col_k_blocks)] = bs.code;
+        }
+      }
+    }
+
+    {  // The rows.
+      constexpr int P = kVec / kCols, S = kRowSlice<P>, kRowsPerLane = S / P;
+      // The row block: K is a multiple of kVec, so a block lies inside K or past it, with d0.
+      const int64_t g = (d0 - (lane % P) * kCols) / kVec;
+      uint8_t* srl = s_row + l * row_stride;
+      const int64_t row_bytes = p.code_bytes(p.k);
+      uint8_t* qr = q_row + (l * p.rows + t0) * row_bytes + p.code_bytes(d0);  // advanced a row at a time
+#pragma unroll
+      for (int r0 = 0; r0 < kStripRows; r0 += S) {
+        uint32_t rmax[S];
+#pragma unroll
+        for (int r = 0; r < S; ++r) {
+          const uint32_t m = IT::AbsWord(raw[r0 + r]);
+          // The row's max |x| (2-byte input: in both halves, which order as the max does).
+          rmax[r] = kCols == 2 ? __vmaxu2(m, __byte_perm(m, 0u, 0x1032u)) : m;
+        }
+        TransposeMax<P / 2, S>(rmax, lane);
+        float mul[kRowsPerLane];
+#pragma unroll
+        for (int i = 0; i < kRowsPerLane; ++i) {
+          const int r = r0 + (lane % P) * kRowsPerLane + i;
+          const BlockScale bs = ScaleOf<F>(IT::AbsBitsOf(rmax[i], 0));
+          mul[i] = bs.mul;
+          if (r < rows) srl[ScaleOffset(t0 + r, g, row_k_blocks)] = bs.code;  // the block is inside K with d0
+        }
+        // No early exit from this loop: its shuffles need the whole warp, and a compiler that
+        // cannot prove a branch uniform guards every shuffle after it.
+#pragma unroll
+        for (int r = 0; r < S; ++r) {
+          // Row r's multiplier, from the lane of the row block that took its scale.
+          const float row_mul = __shfl_sync(0xFFFFFFFFu, mul[r % kRowsPerLane], r / kRowsPerLane, P);
+          float v[kCols];
+#pragma unroll
+          for (int e = 0; e < kCols; ++e) v[e] = IT::FromBits(raw[r0 + r], e);
+          uint32_t codes;
+          if constexpr (kPackedE2M1) {
+            const uint32_t n = E2M1CodesBF16x2(raw[r0 + r], BF16x2Pow2(row_mul));
+            codes = n | n >> 12;
+          } else {
+            codes = EncodeWord<F, kCols>(v, row_mul);
+          }
+          bool store = r0 + r < rows;
+          if constexpr (FormatTraits<F>::kFp4 && kCols == 1) {  // a nibble: the even lane stores the byte
+            codes |= __shfl_down_sync(0xFFFFFFFFu, codes, 1) << 4;
+            store = store && !(lane & 1);
+          }
+          if (store) StoreBits<FormatTraits<F>::kFp4 ? 1 : kCols>(qr, codes);
+          qr += row_bytes;
+        }
+      }
+    }
+  }
+  ZeroScalePadding(s_col, p.batch, p.k, col_groups, col_k_blocks);
+  ZeroScalePadding(s_row, p.batch, p.rows, row_groups, row_k_blocks);
   acc.Flush(amax);
 }
 

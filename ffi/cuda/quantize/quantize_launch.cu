@@ -39,8 +39,8 @@ struct Kernels {
   static cudaError_t Prepare() {
     int per_sm = 0;
     cudaError_t err = BlocksPerSm(RowKernel<F, I>, kRowThreads, 0, &row_per_sm, &per_sm);
-    if (err == cudaSuccess) err = BlocksPerSm(TileKernel<F, I, false>, kTileThreads, kSmem, &col_per_sm, &per_sm);
-    if (err == cudaSuccess) err = BlocksPerSm(TileKernel<F, I, true>, kTileThreads, kSmem, &pair_per_sm, &per_sm);
+    if (err == cudaSuccess) err = BlocksPerSm(TileKernel<F, I>, kTileThreads, kSmem, &col_per_sm, &per_sm);
+    if (err == cudaSuccess) err = BlocksPerSm(StripKernel<F, I>, kStripThreads, 0, &pair_per_sm, &per_sm);
     return err;
   }
 
@@ -55,20 +55,21 @@ struct Kernels {
       if (err != cudaSuccess) return err;
       const int grid = Grid(CeilDiv(p.batch * p.rows * (p.k / 16), kRowThreads), sm_count, per_sm);
       RowKernel<F, I><<<grid, kRowThreads, 0, stream>>>(p, x, u8(b.q_row), u8(b.s_row), amax);
-    } else {
+    } else if (p.mode == kQuantizeCols) {
       const int64_t tiles = p.batch * CeilDiv(p.rows, kTileRows<T>) * CeilDiv(p.k, kTileD);
       if (tiles >= (int64_t(1) << 31)) return cudaErrorInvalidValue;  // 32-bit tile indices
-      if (p.mode == kQuantizeCols) {
-        err = BlocksPerSm(TileKernel<F, I, false>, kTileThreads, kSmem, &col_per_sm, &per_sm);
-        if (err != cudaSuccess) return err;
-        TileKernel<F, I, false><<<Grid(tiles, sm_count, per_sm), kTileThreads, kSmem, stream>>>(
-            p, x, nullptr, nullptr, u8(b.q_col), u8(b.s_col), amax);
-      } else {
-        err = BlocksPerSm(TileKernel<F, I, true>, kTileThreads, kSmem, &pair_per_sm, &per_sm);
-        if (err != cudaSuccess) return err;
-        TileKernel<F, I, true><<<Grid(tiles, sm_count, per_sm), kTileThreads, kSmem, stream>>>(
-            p, x, u8(b.q_row), u8(b.s_row), u8(b.q_col), u8(b.s_col), amax);
-      }
+      err = BlocksPerSm(TileKernel<F, I>, kTileThreads, kSmem, &col_per_sm, &per_sm);
+      if (err != cudaSuccess) return err;
+      TileKernel<F, I>
+          <<<Grid(tiles, sm_count, per_sm), kTileThreads, kSmem, stream>>>(p, x, u8(b.q_col), u8(b.s_col), amax);
+    } else {
+      // One unit of work per warp: 32 strips of kStripRows rows side by side.
+      const int64_t units = p.batch * CeilDiv(p.rows, kStripRows) * CeilDiv(p.k, 32 * kStripCols<I>);
+      if (units >= (int64_t(1) << 31)) return cudaErrorInvalidValue;  // 32-bit unit indices
+      err = BlocksPerSm(StripKernel<F, I>, kStripThreads, 0, &pair_per_sm, &per_sm);
+      if (err != cudaSuccess) return err;
+      StripKernel<F, I><<<Grid(CeilDiv(units, kStripThreads / 32), sm_count, per_sm), kStripThreads, 0, stream>>>(
+          p, x, u8(b.q_row), u8(b.s_row), u8(b.q_col), u8(b.s_col), amax);
     }
     return cudaGetLastError();
   }

@@ -57,6 +57,9 @@ struct FormatTraits<QuantizeFormat::kNvfp4> {
   static constexpr float kInvMax = 1.0f / 6.0f;
 };
 
+// An input type's elements in 32-bit words (two of a 16-bit type, low half first). |x| as bits
+// orders like |x| in every type (NaN above +Inf), so a block's max |x| is an unsigned max over the
+// words with their sign bits cleared: two 16-bit elements per instruction (__vmaxu2).
 template <QuantizeInput I>
 struct InputTraits;
 template <>
@@ -64,6 +67,10 @@ struct InputTraits<QuantizeInput::kF32> {
   using T = float;
   __device__ __forceinline__ static float ToFloat(float v) { return v; }
   __device__ __forceinline__ static float FromBits(uint32_t word, int) { return __uint_as_float(word); }
+  // |x| of a word's elements, their elementwise max, and one element's |x| as fp32 bits (below).
+  __device__ __forceinline__ static uint32_t AbsWord(uint32_t word) { return word & 0x7FFFFFFFu; }
+  __device__ __forceinline__ static uint32_t MaxWord(uint32_t a, uint32_t b) { return max(a, b); }
+  __device__ __forceinline__ static uint32_t AbsBitsOf(uint32_t abs_word, int) { return abs_word; }
 };
 template <>
 struct InputTraits<QuantizeInput::kF16> {
@@ -72,13 +79,24 @@ struct InputTraits<QuantizeInput::kF16> {
   __device__ __forceinline__ static float FromBits(uint32_t word, int half) {
     return __half2float(__ushort_as_half(static_cast<unsigned short>(word >> (16 * half))));
   }
+  __device__ __forceinline__ static uint32_t AbsWord(uint32_t word) { return word & 0x7FFF7FFFu; }
+  __device__ __forceinline__ static uint32_t MaxWord(uint32_t a, uint32_t b) { return __vmaxu2(a, b); }
+  __device__ __forceinline__ static uint32_t AbsBitsOf(uint32_t abs_word, int half) {
+    return __float_as_uint(FromBits(abs_word, half));  // exact; a NaN stays above +Inf
+  }
 };
 template <>
 struct InputTraits<QuantizeInput::kBF16> {
   using T = __nv_bfloat16;
   __device__ __forceinline__ static float ToFloat(__nv_bfloat16 v) { return __bfloat162float(v); }
   __device__ __forceinline__ static float FromBits(uint32_t word, int half) {
-    return __uint_as_float(half ? word & 0xFFFF0000u : word << 16);  // bf16 is fp32's upper half
+    // bf16 is fp32's upper half: one byte permutation, also where `half` is not a constant.
+    return __uint_as_float(__byte_perm(word, 0u, half ? 0x3244u : 0x1044u));
+  }
+  __device__ __forceinline__ static uint32_t AbsWord(uint32_t word) { return word & 0x7FFF7FFFu; }
+  __device__ __forceinline__ static uint32_t MaxWord(uint32_t a, uint32_t b) { return __vmaxu2(a, b); }
+  __device__ __forceinline__ static uint32_t AbsBitsOf(uint32_t abs_word, int half) {
+    return __float_as_uint(FromBits(abs_word, half));
   }
 };
 
@@ -220,23 +238,34 @@ __device__ __forceinline__ float Scaled(float x, float mul) {
   }
 }
 
+// Codes of N consecutive scaled values in one word, the first in the low bits: FP8 N <= 4 (a
+// byte each), FP4 N <= 8 (a nibble each).
+template <QuantizeFormat F, int N>
+__device__ __forceinline__ uint32_t EncodeWord(const float* v, float mul) {
+  uint32_t packed = 0;
+  if constexpr (FormatTraits<F>::kFp4) {
+    static_assert(N <= 8, "eight FP4 codes per word");
+#pragma unroll
+    for (int i = 0; i < N; ++i) packed |= E2M1Code(Scaled<F>(v[i], mul)) << (4 * i);
+  } else {
+    static_assert(N <= 4, "four FP8 codes per word");
+#pragma unroll
+    for (int i = 0; i < N; i += 2) {
+      const float hi = i + 1 < N ? Scaled<F>(v[i + 1], mul) : 0.0f;
+      packed |= uint32_t(Fp8Pair<F>(Scaled<F>(v[i], mul), hi)) << (8 * i);
+    }
+  }
+  return packed;
+}
+
 // Codes of 8 consecutive scaled values: FP8 in 8 bytes (uint2), FP4 in 4 bytes (uint32 in .x).
 template <QuantizeFormat F>
 __device__ __forceinline__ uint2 Encode8(const float* v, float mul) {
-  uint2 out{0u, 0u};
   if constexpr (FormatTraits<F>::kFp4) {
-    uint32_t packed = 0;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) packed |= E2M1Code(Scaled<F>(v[i], mul)) << (4 * i);
-    out.x = packed;
+    return make_uint2(EncodeWord<F, 8>(v, mul), 0u);
   } else {
-    uint32_t w[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) w[i] = Fp8Pair<F>(Scaled<F>(v[2 * i], mul), Scaled<F>(v[2 * i + 1], mul));
-    out.x = w[0] | (w[1] << 16);
-    out.y = w[2] | (w[3] << 16);
+    return make_uint2(EncodeWord<F, 4>(v, mul), EncodeWord<F, 4>(v + 4, mul));
   }
-  return out;
 }
 
 }  // namespace jga::quantize

@@ -41,6 +41,7 @@ _BLOCKED_FROM_PHYSICAL = (0, 1, 4, 3, 2, 5)
 
 def scale_index(row: int, group: int) -> tuple[int, int, int, int, int]:
     """Index of (row, K group) inside one batch item of a physical scale tensor."""
+    row, group = check_int(row, "row", minimum=0), check_int(group, "group", minimum=0)
     return (row // 128, group // 4, row % 32, (row % 128) // 32, group % 4)
 
 
@@ -75,6 +76,7 @@ def _check_physical(physical):
 
 def physical_from_plain(plain):
     """``(L, MN, G)`` or ``(MN, G)`` scales -> physical layout, zero-padded."""
+    plain = jnp.asarray(plain)
     if plain.ndim not in (2, 3):
         raise ValueError(f"plain: expected (MN, G) or (L, MN, G) scales, got shape {tuple(plain.shape)}")
     squeeze = plain.ndim == 2

@@ -343,6 +343,9 @@ def test_layout_converters_name_the_argument():
         jga.scale_shape(128, 256, 32.0)
     with pytest.raises(ValueError, match=r"rows must be at least 0, got -5"):
         jga.scale_shape(-5, 256, 32)
+    with pytest.raises(ValueError, match=r"row must be at least 0, got -1"):
+        jga.layout.scale_index(-1, 0)
+    assert jga.physical_from_plain([[1, 2]]).shape == jga.scale_shape(1, 64, 32)  # any array-like
     with pytest.raises(TypeError, match=r"k must be an int, got 256.0"):
         jga.scale_shape(128, 256.0, 32)
     with pytest.raises(ValueError, match=r"batch must be at least 0, got -1"):

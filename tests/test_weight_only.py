@@ -237,6 +237,23 @@ def test_subnormal_bfloat16_activations_and_results(rng, impl):
     assert c[0, 0] == np.float32(5 * 2.0**-152) == np.float32(2.0**-149)
 
 
+def test_group_terms_round_before_they_add(rng):
+    """bf16 a whose second group repeats the first, against NVFP4 b whose second group negates the
+    first, both at the e4m3 scale 1.125: the CPU kernel rounds each group's term, so the two cancel
+    exactly and C and amax are 0 (a fused multiply-add of the second term leaves the first's
+    rounding error). The GPU kernels fold NVFP4 scales into the values and sum all of K at once."""
+    m, n = 8, 32
+    group = rng.standard_normal((m, 16)) * np.exp2(rng.integers(-8, 8, (m, 16)))
+    a = np.concatenate([group, group], axis=1).astype(ml_dtypes.bfloat16)
+    values = rng.choice([0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], (n, 16))
+    b = np.concatenate([values, -values], axis=1).astype(ml_dtypes.float4_e2m1fn)
+    sfb = jga.physical_from_plain(np.full((n, 2), 1.125, np.float32).astype(ml_dtypes.float8_e4m3fn))
+    for fn in (jga.gemm_amax, jga.reference_gemm_amax):
+        with jax.default_device(CPU):
+            c, amax = fn(a, b, None, sfb, sf_vec_size=16)
+        assert not np.asarray(c).any() and float(amax) == 0.0, fn.__name__
+
+
 def test_reference_is_not_differentiable(rng):
     """As gemm_amax: an error, not the zero derivative of its bit-level decoding."""
     a, b, sfb, sfv = _problem(rng, "e4m3", "bfloat16", 4, 32, 64)

@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -79,7 +80,12 @@ void ParallelFor(int64_t count, Fn&& fn) {
   };
   std::vector<std::thread> threads;
   threads.reserve(workers - 1);
-  for (int64_t t = 0; t + 1 < workers; ++t) threads.emplace_back(work);
+  try {
+    for (int64_t t = 0; t + 1 < workers; ++t) threads.emplace_back(work);
+  } catch (const std::system_error&) {
+    // No more threads (a process or container limit): the ones started, and this one, take the
+    // rest. Unwinding past the started ones would terminate the process.
+  }
   work();
   for (auto& t : threads) t.join();
 }
@@ -189,6 +195,10 @@ void MicroKernel(const float* a, const float* b, const float* a_s1, const float*
       for (int64_t h = 0; h < 2; ++h) {
         Vec8 term = acc[r][h] * (a_s1[r] * s1[h]);
         if (kTwoFactors) term *= a_s2[r] * s2[h];
+        // The term is rounded before it is added (the contract): through memory, the compiler
+        // cannot fuse its multiply into the add (GCC contracts across statements by default). The
+        // block dots above may fuse: their products are exact.
+        asm("" : "+m"(term));
         float* o = out + r * ld_out + h * kVec;
         std::memcpy(&total, o, sizeof(Vec8));
         total += term;

@@ -134,8 +134,8 @@ def check_block_format(value_dtype, sf_dtype, sf_vec_size: int, values: str, sca
 
 def check_quantize(x, fmt: str, sf_vec_size: int, axis, pair: bool = False) -> int:
     """Validates a quantize call on ``x`` (anything with ``.shape`` and ``.dtype``) along ``axis``
-    (-1 or -2, or their non-negative forms), or along both with ``pair``. Returns the primitive's mode: 1
-    (along the last axis), 2 (along the one before it), 3 (both)."""
+    (-1 or -2, or their non-negative forms), or along both with ``pair``. Returns the primitive's
+    mode: 1 (along the last axis), 2 (along the one before it), 3 (both)."""
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise TypeError(f"x: must be a floating array, got {np.dtype(x.dtype).name}")
     ndim = len(x.shape)

@@ -36,12 +36,13 @@ def quantize(x, fmt: str = "mxfp8_e4m3", *, axis: int = -1, packed: bool = True,
     Returns ``(q, scales)``, or ``(q, scales, amax)`` with ``return_amax``, laid out as
     :func:`gemm_amax` takes them. Along the last axis ``q`` is ``(R, K)`` (2-D ``x``) or
     ``(L, R, K)``; along ``-2`` it is the transpose, ``(K, R)`` or ``(L, K, R)`` (K-major for a
-    wgrad ``dW = X^T dY``): the rows are K and each is quantized along R. ``q`` is in the format's element dtype; FP4 formats return packed
-    ``uint8`` (two values per byte along the quantized axis, low nibble first) unless
-    ``packed=False``, which gives ``float4_e2m1fn``. ``scales`` are in the physical 128x4 layout,
-    ``(MN', G', 32, 4, 4)`` for 2-D ``x``, else ``(L, MN', G', 32, 4, 4)``: all leading dims of
-    ``x`` fold into one L, for ``q`` too (``(L, rows, K)``). ``amax`` is max |x| over the whole
-    input, float32 (NaN if ``x`` holds a NaN).
+    wgrad ``dW = X^T dY``): the rows are K and each is quantized along R. ``q`` is in the format's
+    element dtype; FP4 formats return packed ``uint8`` (two values per byte along the quantized
+    axis, low nibble first) unless ``packed=False``, which gives ``float4_e2m1fn``. ``scales`` are
+    in the physical 128x4 layout, ``(MN', G', 32, 4, 4)`` for 2-D ``x``, else
+    ``(L, MN', G', 32, 4, 4)``: all leading dims of ``x`` fold into one L, for ``q`` too
+    (``(L, rows, K)``). ``amax`` is max |x| over the whole input, float32 (NaN if ``x`` holds a
+    NaN).
 
     * ``mxfp8_e4m3``, ``mxfp8_e5m2``, ``mxfp4``: one e8m0 scale per 32 values, the block's amax
       times the reciprocal of the format's max (an fp32 constant), rounded up to a power of two
@@ -158,7 +159,7 @@ def _rows(x3, f, flushing: bool):
         amax_bits = jax.lax.bitcast_convert_type(amax, jnp.int32)
         finite = amax_bits < 0x7F800000
     else:
-        # NaN enters the max as +Inf: XLA's CPU max reductions of 4096+ elements can drop a NaN, never an Inf.
+        # NaN enters the max as +Inf: a float max reduction may drop a NaN, never an Inf.
         amax = jnp.max(jnp.where(jnp.isnan(blocks), jnp.inf, jnp.abs(blocks)), axis=-1)
         finite = amax < jnp.inf
     reciprocal_max = np.float32(1) / np.float32(f.max_value)

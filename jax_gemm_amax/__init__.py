@@ -2,7 +2,7 @@
 
 from . import layout
 from .cudnn_compat import GemmAmaxSm100, TupleDict, gemm_amax_jax_sm100, gemm_amax_wrapper_sm100
-from .formats import FORMATS
+from .formats import FORMATS, pmax_amax
 from .layout import (
     logical_from_physical,
     physical_from_logical,
@@ -31,6 +31,7 @@ __all__ = [
     "physical_from_logical",
     "physical_from_plain",
     "plain_from_physical",
+    "pmax_amax",
     "quantize",
     "quantize_pair",
     "reference_gemm_amax",

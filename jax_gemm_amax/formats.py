@@ -196,9 +196,10 @@ def magnitude_max(x, axis=None):
     return jax.lax.bitcast_convert_type(bits, jnp.float32)
 
 
-def pmax_nan(amax, axes):
-    """``jax.lax.pmax`` of an amax (>= 0 or NaN) that keeps NaN: on the bits, which order as int32
-    (NaN above +Inf); a float max across devices may drop it."""
+def pmax_amax(amax, axes):
+    """The max of an amax (>= 0 or NaN) over the named mapped ``axes`` (inside ``shard_map``), NaN
+    if any device's is NaN: ``jax.lax.pmax`` on the bits, which order as int32 (NaN above +Inf).
+    ``jax.lax.pmax`` on the floats drops NaN (on the CPU it returns the max of the others)."""
     bits = jax.lax.bitcast_convert_type(jnp.where(jnp.isnan(amax), jnp.nan, amax), jnp.int32)
     return jax.lax.bitcast_convert_type(jax.lax.pmax(bits, axes), jnp.float32)
 

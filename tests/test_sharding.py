@@ -153,8 +153,13 @@ def test_unaligned_m_is_replicated_not_split_inside_a_scale_block(rng):
     _assert_same(result, _unsharded(p))
 
 
-def test_shard_map_with_user_pmax(rng):
+@pytest.mark.parametrize("nan", [False, True], ids=["finite", "nan"])
+def test_shard_map_with_user_pmax(rng, nan):
+    """The README's shard_map pattern; with a NaN in one shard's C, amax is NaN (a float pmax
+    would return the other shards' max)."""
     p = npref.random_problem(rng, "e4m3", E8M0, 32, 128 * SX, 64, 128, batch=1)
+    if nan:
+        p.a.view(np.uint8)[0, 0, 3] = 0x7F  # e4m3 NaN in A's first row: NaN in C's first row, on the first shard
 
     @functools.partial(
         jax.shard_map,
@@ -164,12 +169,13 @@ def test_shard_map_with_user_pmax(rng):
     )
     def local(a, b, sfa, sfb):
         c, amax = jga.gemm_amax(a, b, sfa, sfb)
-        return c, jax.lax.pmax(amax, "x")
+        return c, jga.pmax_amax(amax, "x")
 
     c, amax = jax.jit(local)(p.a, p.b, p.sfa, p.sfb)
     ref = _unsharded(p)
     np.testing.assert_array_equal(np.asarray(c), np.asarray(ref.c))
-    assert float(amax) == float(ref.amax)
+    assert np.isnan(float(ref.amax)) == nan
+    np.testing.assert_array_equal(np.asarray(amax), np.asarray(ref.amax))
 
 
 def test_vmap_over_a_sharded_call(rng):

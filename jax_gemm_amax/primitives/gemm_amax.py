@@ -337,7 +337,7 @@ def _partition(c_dtype, sf_vec_size, tile_m, tile_n, cluster_m, cluster_n, mesh,
                 amax = formats.magnitude_max(c32, axis=(1, 2))  # NaN kept
                 c = formats.saturating_cast(c32, c_dtype)
             if amax_axes:
-                amax = formats.pmax_nan(amax, amax_axes)
+                amax = formats.pmax_amax(amax, amax_axes)
             return c, amax
 
     return mesh, lower_fn, plan.result_shardings(mesh), plan.operand_shardings(mesh, weight_only)

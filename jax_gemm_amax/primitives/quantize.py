@@ -179,7 +179,7 @@ def _partition(fmt, mode, mesh, arg_shapes, result_shape):
         with jax.sharding.use_abstract_mesh(manual_mesh(mesh)):
             *outs, amax = _local_quantize(x, fmt, mode)
             if within_item:
-                amax = formats.pmax_nan(amax, within_item)
+                amax = formats.pmax_amax(amax, within_item)
             return (*outs, amax)
 
     x_sharding = NamedSharding(mesh, P(*(spec_entry(a) for a in plan)))

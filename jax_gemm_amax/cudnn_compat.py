@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._problem import FP4_OPERAND, PACKED_FP4, canonical_dtype, check_c_major, check_int_pair, check_sf_vec_size
-from .layout import PHYSICAL_FROM_LOGICAL, is_logical_shape
+from .layout import PHYSICAL_FROM_LOGICAL, is_logical_shape, physical_from_logical
 from .ops import GemmAmaxResult, gemm_amax
 
 __all__ = ["GemmAmaxSm100", "TupleDict", "gemm_amax_jax_sm100", "gemm_amax_wrapper_sm100"]
@@ -143,6 +143,18 @@ class _Operand:
         return (tuple(self.array.shape), str(self.array.dtype), self.perm)
 
 
+def _array(x, name: str, expected: str):
+    """``x`` as a torch tensor or a JAX array; anything without an array form is a TypeError."""
+    if _is_torch(x):
+        return x
+    if x is None:
+        raise TypeError(f"{name}: expected {expected}, got None")
+    try:
+        return _as_jax(x)
+    except TypeError as e:
+        raise TypeError(f"{name}: expected {expected}, got {type(x).__name__}") from e
+
+
 def _rank3(x, name: str, rows: str):
     if len(x.shape) != 3:
         raise ValueError(
@@ -153,10 +165,10 @@ def _rank3(x, name: str, rows: str):
 def _operand(x, name: str, rows: str) -> _Operand:
     """A / B: cuDNN ``(rows, K, L)`` -> library ``(L, rows, K)``, zero-copy for K- and MN-major
     torch tensors (the MN-major transpose then happens inside the jitted computation)."""
+    x = _array(x, name, f"an array ({rows}, K, L)")
     _rank3(x, name, rows)
     cudnn_shape = tuple(x.shape)
     if not _is_torch(x):
-        x = _as_jax(x)
         return _Operand(x, _A_JAX_PERM, cudnn_shape, str(x.dtype), "-")
     torch = _torch()
     k_major = x.permute(2, 0, 1)  # (L, rows, K)
@@ -179,11 +191,14 @@ def _operand(x, name: str, rows: str) -> _Operand:
 
 def _scales(x, name: str) -> _Operand:
     """SFA / SFB: the physical ``(L, MN', K', 32, 4, 4)`` array or the logical view
-    ``(32, 4, MN', 4, K', L)``. torch's logical view is a permutation of the physical bytes, so it
-    is permuted back in torch (zero-copy); JAX arrays go to ``gemm_amax`` as they are."""
+    ``(32, 4, MN', 4, K', L)``, either turned into the physical array: torch's logical view is a
+    permutation of the physical bytes, permuted back in torch (zero-copy); a JAX array's is
+    transposed, as ``gemm_amax`` would (so that ``GemmAmaxSm100`` takes either form whichever it
+    was compiled with)."""
+    x = _array(x, name, "scales (the physical (L, MN', K', 32, 4, 4) or the logical (32, 4, MN', 4, K', L))")
     cudnn_shape = tuple(x.shape)
     if not _is_torch(x):
-        x = _as_jax(x)
+        x = physical_from_logical(x) if is_logical_shape(x.shape) else x
         return _Operand(x, None, cudnn_shape, str(x.dtype), "-")
     if is_logical_shape(x.shape):
         x = x.permute(*PHYSICAL_FROM_LOGICAL)

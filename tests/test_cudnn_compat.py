@@ -202,6 +202,10 @@ def test_class_with_jax_arrays(rng):
     q = npref.random_problem(rng, "fp4", E8M0, 32, 136, 64, 256, batch=2)
     c2, amax2 = op.execute(*cudnn_jax(q, logical_scales=True))
     check_cudnn_c(c2, amax2, q, "float16")
+    # the other scale form than the samples': the same executable, the same result
+    c3, amax3 = op.execute(*cudnn_jax(q, logical_scales=False))
+    np.testing.assert_array_equal(np.asarray(c3), np.asarray(c2))
+    np.testing.assert_array_equal(np.asarray(amax3), np.asarray(amax2))
     # other shapes raise
     r = npref.random_problem(rng, "fp4", E8M0, 32, 128, 64, 256, batch=2)
     with pytest.raises(ValueError, match=r"a_tensor: got shape \(128, 128, 2\).*compiled for \(136, 128, 2\)"):
@@ -282,6 +286,15 @@ def test_error_paths(rng):
     )
     with pytest.raises(ValueError, match=r"sfa: expected the physical 128x4 layout"):
         gemm_amax_wrapper_sm100(a, b, sfa[..., :2], sfb)
+    # no array where one is needed: a TypeError naming it, not an AttributeError
+    with pytest.raises(TypeError, match=r"sfa_tensor: expected scales .* got None"):
+        gemm_amax_wrapper_sm100(a, b, None, sfb)
+    with pytest.raises(TypeError, match=r"sfb: expected scales .* got None"):
+        gemm_amax_jax_sm100(a, b, sfa, None)
+    with pytest.raises(TypeError, match=r"a: expected an array \(M, K, L\), got object"):
+        gemm_amax_jax_sm100(object(), b, sfa, sfb)
+    with pytest.raises(TypeError, match=r"sample_b: expected an array \(N, K, L\), got None"):
+        GemmAmaxSm100(a, None, sfa, sfb, jnp.zeros((128, 64, 1)), jnp.zeros((1, 1, 1))).check_support()
     with pytest.raises(ValueError, match=r"mma_tiler_mn: TILE_N must be one of"):
         gemm_amax_jax_sm100(a, b, sfa, sfb, mma_tiler_mn=[128, 64])
     with pytest.raises(NotImplementedError, match=r"FP4 a/b with TILE_N = 256 requires K > 128"):

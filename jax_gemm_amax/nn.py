@@ -67,6 +67,27 @@ _GRAD_N_MULTIPLE = 8  # the backward GEMMs' C rows 16-byte aligned in 16-bit and
 _DIRECT_C_DTYPES = (np.dtype(np.float32), np.dtype(jnp.bfloat16), np.dtype(jnp.float16))  # C dtypes the kernels store
 
 
+# out_dtype: the floats a result is rounded to (FP8 and FP4 saturating, as gemm_amax's C).
+_OUT_DTYPES = (
+    (np.dtype(np.float64),)
+    + _DIRECT_C_DTYPES
+    + tuple(np.dtype(d) for d in (jnp.float8_e4m3fn, jnp.float8_e5m2, jnp.float4_e2m1fn))
+)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
+def _round_to(y, dtype):
+    """float ``y`` -> ``dtype`` as gemm_amax rounds C: nearest even, FP8/FP4 saturating to their
+    largest finite value (``astype`` gives NaN or Inf past it). The derivative is ``astype``'s
+    (the identity), not the clip's zero beyond the range."""
+    return formats.saturating_cast(y, dtype)
+
+
+@_round_to.defjvp
+def _round_to_jvp(dtype, primals, tangents):
+    return _round_to(primals[0], dtype), tangents[0].astype(dtype)
+
+
 def _c_dtype(dtype) -> np.dtype:
     """The C dtype a GEMM whose result is wanted in ``dtype`` stores: ``dtype`` itself where the
     kernels store it (one rounding of the fp32 sum either way), else float32 (cast afterwards)."""
@@ -94,6 +115,8 @@ def prepare_weight(w, fmt: str = "mxfp8_e4m3") -> PreparedWeight:
     """Quantizes ``w (K, N)`` for weight-only inference (``mx_matmul(x, prepared, activations="bf16")``)."""
     formats.get_format(fmt)
     w = jnp.asarray(w)
+    if not jnp.issubdtype(w.dtype, jnp.floating):
+        raise TypeError(f"prepare_weight: w must be a floating array, got {w.dtype}")
     if w.ndim != 2 or 0 in w.shape:
         raise ValueError(f"prepare_weight: expected w (K, N) with K, N >= 1, got shape {w.shape}")
     q, scales = _quantize_along(w, fmt, -2, _WEIGHT_ONLY_N_MULTIPLE)
@@ -235,8 +258,10 @@ _ACTIVATIONS = ("quantized", "bf16")
 
 def _out_dtype(dtype, where: str) -> np.dtype:
     result = canonical_dtype(dtype, f"{where}: out_dtype")
-    if not jnp.issubdtype(result, jnp.floating):
-        raise TypeError(f"{where}: out_dtype must be a floating dtype, got {result.name}")
+    if result not in _OUT_DTYPES:
+        raise TypeError(
+            f"{where}: out_dtype must be one of {', '.join(d.name for d in _OUT_DTYPES)}, got {result.name}"
+        )
     return result
 
 
@@ -249,7 +274,7 @@ def mx_matmul(
     x,
     w,
     *,
-    fmt: str = "mxfp8_e4m3",
+    fmt: str | None = None,
     grad_fmt: str = "mxfp8_e4m3",
     out_dtype=None,
     activations: str = "quantized",
@@ -257,9 +282,10 @@ def mx_matmul(
 ):
     """``y = x @ w`` with ``x (M, K)``, ``w (K, N)`` through :func:`gemm_amax`; returns ``(y, amax)``.
 
-    Forward: ``x`` quantized to ``fmt`` along K, ``w`` along K (its first axis), GEMM with fp32
-    accumulation, ``amax = max |x @ w|`` fused (on the fp32 accumulator, before rounding to
-    ``out_dtype``, a floating dtype, default ``x.dtype``).
+    Forward: ``x`` quantized to ``fmt`` (default ``"mxfp8_e4m3"``) along K, ``w`` along K (its
+    first axis), GEMM with fp32 accumulation, ``amax = max |x @ w|`` fused (on the fp32
+    accumulator, before rounding to ``out_dtype``, default ``x.dtype``: float64/32, bfloat16,
+    float16, or FP8/FP4, which saturate as gemm_amax's C does).
     Backward (``jax.custom_vjp``): the straight-through estimator, ``dX = dY·Wᵀ`` and
     ``dW = Xᵀ·dY`` both through gemm_amax with operands quantized to ``grad_fmt`` along their
     contraction axis (both operands of a backward GEMM use ``grad_fmt``: the kernel takes one
@@ -275,24 +301,31 @@ def mx_matmul(
     ``activations="bf16"`` (weight-only, for inference): ``x`` is not quantized; bfloat16 and
     float16 ``x`` go in as they are, other floats rounded to bfloat16, and only ``w`` is quantized
     (``fmt``): one weight-only gemm_amax. ``w`` may then be a :class:`PreparedWeight`
-    (:func:`prepare_weight`: quantized once; not differentiable). With a float ``w`` the backward
+    (:func:`prepare_weight`: quantized once, in its own format, which ``fmt`` may name or leave
+    out; not differentiable). With a float ``w`` the backward
     pass is the same straight-through estimator as above.
     """
     if activations not in _ACTIVATIONS:
         raise ValueError(f"mx_matmul: activations must be one of {_ACTIVATIONS}, got {activations!r}")
     _check_save_residuals(save_residuals, "mx_matmul")
     x = jnp.asarray(x)
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise TypeError(f"mx_matmul: x must be a floating array, got {x.dtype}")
     if isinstance(w, PreparedWeight):
         if activations != "bf16":
             raise ValueError("mx_matmul: a PreparedWeight is for weight-only calls, activations='bf16'")
         if x.ndim != 2 or x.shape[1] != w.in_features:
             raise ValueError(f"mx_matmul: expected x (M, {w.in_features}) for the prepared weight, got {x.shape}")
+        if fmt is not None and fmt != w.fmt:
+            raise ValueError(f"mx_matmul: fmt {fmt!r} differs from the prepared weight's {w.fmt!r}")
         fmt, n = w.fmt, w.out_features
     else:
         w = jnp.asarray(w)
+        if not jnp.issubdtype(w.dtype, jnp.floating):
+            raise TypeError(f"mx_matmul: w must be a floating array, got {w.dtype}")
         if x.ndim != 2 or w.ndim != 2 or x.shape[1] != w.shape[0]:
             raise ValueError(f"mx_matmul: expected x (M, K) and w (K, N), got {x.shape} and {w.shape}")
-        n = w.shape[1]
+        fmt, n = "mxfp8_e4m3" if fmt is None else fmt, w.shape[1]
     formats.get_format(fmt)
     formats.get_format(grad_fmt, "grad_fmt")
     out_dtype = _out_dtype(out_dtype if out_dtype is not None else x.dtype, "mx_matmul")
@@ -303,7 +336,7 @@ def mx_matmul(
         y, amax = _weight_only_gemm(x, w, c_dtype)
     else:
         y, amax = _mx_matmul(x, w, _Config(fmt, grad_fmt, c_dtype, activations == "bf16", save_residuals))
-    return y.astype(out_dtype), jax.lax.stop_gradient(amax)
+    return _round_to(y, out_dtype), jax.lax.stop_gradient(amax)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -396,6 +429,9 @@ class MXLinear(nnx.Module):
         formats.get_format(fmt)  # ValueError naming the allowed formats
         formats.get_format(grad_fmt, "grad_fmt")
         _check_save_residuals(save_residuals, "MXLinear")
+        for name, flag in (("update_amax", update_amax), ("weight_only", weight_only), ("use_bias", use_bias)):
+            if not isinstance(flag, bool | np.bool_):
+                raise TypeError(f"MXLinear: {name} must be a bool, got {flag!r}")
         in_features = check_int(in_features, "MXLinear: in_features", minimum=1)
         out_features = check_int(out_features, "MXLinear: out_features", minimum=1)
         amax_history_length = check_int(amax_history_length, "MXLinear: amax_history_length", minimum=0)
@@ -450,6 +486,8 @@ class MXLinear(nnx.Module):
         x = jnp.asarray(inputs)
         if x.ndim < 1 or x.shape[-1] != self.in_features:
             raise ValueError(f"MXLinear: inputs must be (..., {self.in_features}), got shape {x.shape}")
+        if jnp.issubdtype(x.dtype, jnp.complexfloating):
+            raise TypeError(f"MXLinear: inputs must be real, got {x.dtype}")
         if not jnp.issubdtype(x.dtype, jnp.floating):
             x = x.astype(self.param_dtype)
         out_dtype = np.dtype(self.out_dtype if self.out_dtype is not None else x.dtype)
@@ -468,7 +506,7 @@ class MXLinear(nnx.Module):
             y, _ = mx_matmul(x2, kernel, out_dtype=jnp.float32, **mode)
             y = y + self.bias[...].astype(jnp.float32)  # d(bias) = fp32 sum of dY
             amax = jax.lax.stop_gradient(formats.magnitude_max(y))  # NaN kept
-            y = y.astype(out_dtype)
+            y = _round_to(y, out_dtype)
         if self.update_amax:
             self.output_amax[...] = amax
             if self.amax_history is not None:

@@ -26,7 +26,7 @@ nnx = pytest.importorskip("flax.nnx")
 optax = pytest.importorskip("optax")
 
 import jax_gemm_amax as jga  # noqa: E402
-from jax_gemm_amax.nn import AmaxHistory, MXLinear, OutputAmax, mx_matmul  # noqa: E402
+from jax_gemm_amax.nn import AmaxHistory, MXLinear, OutputAmax, mx_matmul, prepare_weight  # noqa: E402
 
 # Predicted relative error of a product of two quantized operands (see the module docstring).
 PREDICTED_REL_ERR = {"mxfp8_e4m3": np.sqrt(2) * 0.0265, "mxfp8_e5m2": np.sqrt(2) * 0.053}
@@ -604,8 +604,23 @@ def test_errors():
         MXLinear(8, 8, amax_history_length=-1, rngs=nnx.Rngs(0))
     with pytest.raises(TypeError, match=r"MXLinear: in_features must be an int, got 70.5"):
         MXLinear(70.5, 8, rngs=nnx.Rngs(0))
-    with pytest.raises(TypeError, match=r"MXLinear: out_dtype must be a floating dtype, got int32"):
+    with pytest.raises(TypeError, match=r"MXLinear: out_dtype must be one of float64, .*, got int32"):
         MXLinear(8, 8, out_dtype=jnp.int32, rngs=nnx.Rngs(0))
+    with pytest.raises(TypeError, match=r"mx_matmul: out_dtype must be one of .*, got float8_e8m0fnu"):
+        mx_matmul(jnp.ones((4, 8)), jnp.ones((8, 4)), out_dtype=jnp.float8_e8m0fnu)
+    # the array at fault is named (int x was blamed on out_dtype, int w on x)
+    with pytest.raises(TypeError, match=r"mx_matmul: x must be a floating array, got int32"):
+        mx_matmul(jnp.ones((4, 8), jnp.int32), jnp.ones((8, 4)))
+    with pytest.raises(TypeError, match=r"mx_matmul: w must be a floating array, got int32"):
+        mx_matmul(jnp.ones((4, 8)), jnp.ones((8, 4), jnp.int32))
+    with pytest.raises(TypeError, match=r"prepare_weight: w must be a floating array, got int32"):
+        prepare_weight(jnp.ones((8, 4), jnp.int32))
+    with pytest.raises(ValueError, match=r"mx_matmul: fmt 'nvfp4' differs from the prepared weight's 'mxfp8_e4m3'"):
+        mx_matmul(jnp.ones((4, 8)), prepare_weight(jnp.ones((8, 4))), fmt="nvfp4", activations="bf16")
+    with pytest.raises(TypeError, match=r"MXLinear: inputs must be real, got complex64"):
+        MXLinear(8, 4, rngs=nnx.Rngs(0))(jnp.ones((2, 8), jnp.complex64))
+    with pytest.raises(TypeError, match=r"MXLinear: update_amax must be a bool, got 'False'"):
+        MXLinear(8, 4, update_amax="False", rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match=r"grad_fmt must be one of .*, got 'bad'"):
         mx_matmul(jnp.ones((4, 8)), jnp.ones((8, 4)), grad_fmt="bad")
     with pytest.raises(TypeError, match=r"mx_matmul: out_dtype: 'foo' is not a dtype"):
@@ -617,6 +632,27 @@ def test_errors():
     mx = MXLinear(8, 4, rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match=r"\(\.\.\., 8\)"):
         mx(jnp.ones((2, 9)))
+
+
+@pytest.mark.parametrize("use_bias", [False, True], ids=["no_bias", "bias"])
+@pytest.mark.parametrize("out_dtype", ["float8_e4m3fn", "float8_e5m2", "float4_e2m1fn"])
+def test_narrow_out_dtype_saturates_as_gemm_amax(out_dtype, use_bias):
+    """Results past an FP8/FP4 out_dtype's range come out as its largest finite value, as
+    gemm_amax's C does (astype gave NaN for e4m3, Inf for e5m2); the gradient is astype's
+    (the identity), not zero where the result saturated."""
+    x, w = jnp.full((2, 64), 8.0), jnp.full((64, 16), 8192.0)  # y = 2^22, past every narrow format
+    dt = jnp.dtype(out_dtype)
+    limit = float(jnp.finfo(dt).max)
+    for sign in (1.0, -1.0):
+        y, amax = mx_matmul(sign * x, w, out_dtype=dt)
+        assert y.dtype == dt and float(amax) == 2.0**22
+        np.testing.assert_array_equal(np.asarray(y.astype(jnp.float32)), sign * limit)
+    layer = MXLinear(64, 16, use_bias=use_bias, out_dtype=dt, rngs=nnx.Rngs(0))
+    layer.kernel[...] = w
+    np.testing.assert_array_equal(np.asarray(layer(x).astype(jnp.float32)), limit)
+    assert float(layer.output_amax[...]) == 2.0**22
+    grad = jax.grad(lambda v: mx_matmul(v, w, out_dtype=dt)[0].astype(jnp.float32).sum())(x)
+    np.testing.assert_array_equal(np.asarray(grad), 16 * 8192.0)  # dY = 1: dX = w's row sums
 
 
 def test_empty_batch_and_integer_inputs():

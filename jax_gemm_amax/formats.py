@@ -10,6 +10,7 @@ excess-precision folding, and shardable like any elementwise op (a table gather 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -208,3 +209,19 @@ def e8m0_from_exponent(exponent):
     """Integer exponents in [-127, 127] -> float8_e8m0fnu scales."""
     code = (jnp.clip(exponent, -127, 127) + 127).astype(jnp.uint8)
     return jax.lax.bitcast_convert_type(code, jnp.float8_e8m0fnu)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
+def not_differentiable(x, what: str):
+    """``x``, with a JVP that raises a NotImplementedError naming ``what`` (a function of quantized
+    operands: their codes have no derivative, and the reference decodes them through their bits,
+    whose derivative would silently be zero)."""
+    return x
+
+
+@not_differentiable.defjvp
+def _not_differentiable_jvp(what, primals, tangents):
+    raise NotImplementedError(
+        f"{what} is not differentiable (quantized operands have no derivative); for training, "
+        "jax_gemm_amax.nn.mx_matmul and MXLinear differentiate through the straight-through estimator"
+    )

@@ -333,7 +333,7 @@ def mx_matmul(
     if 0 in x.shape or n == 0:  # nothing to multiply: an empty (or all-zero) product
         return jnp.zeros((x.shape[0], n), out_dtype), jnp.zeros((), jnp.float32)
     if isinstance(w, PreparedWeight):
-        y, amax = _weight_only_gemm(x, w, c_dtype)
+        y, amax = _weight_only_gemm(formats.not_differentiable(x, "mx_matmul with a PreparedWeight"), w, c_dtype)
     else:
         y, amax = _mx_matmul(x, w, _Config(fmt, grad_fmt, c_dtype, activations == "bf16", save_residuals))
     return _round_to(y, out_dtype), jax.lax.stop_gradient(amax)

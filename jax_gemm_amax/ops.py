@@ -145,7 +145,7 @@ def gemm_amax(
     a, b, sfa, sfb = (call.b, call.a, call.sfb, call.sfa) if c_major == "m" else (call.a, call.b, call.sfa, call.sfb)
     operands = (a, b, sfb) if sfa is None else (a, b, sfa, sfb)  # weight-only: no sfa operand
     c, amax = gemm_amax_p.bind(
-        *operands,
+        *(formats.not_differentiable(x, "gemm_amax") for x in operands),
         c_dtype=call.kernel_c_dtype,
         sf_vec_size=sf_vec_size,
         tile_m=call.tiler[0],
@@ -188,24 +188,15 @@ def reference_gemm_amax(
         mma_tiler_mn=mma_tiler_mn,
         cluster_shape_mn=cluster_shape_mn,
     )
-    operands = [_not_differentiable(x) if x is not None else None for x in (call.a, call.b, call.sfa, call.sfb)]
+    operands = [
+        formats.not_differentiable(x, "reference_gemm_amax") if x is not None else None
+        for x in (call.a, call.b, call.sfa, call.sfb)
+    ]
     acc = _block_scaled_sum(*operands, sf_vec_size)
     amax = formats.magnitude_max(acc, axis=(1, 2))
     if c_major == "m":
         acc = jnp.swapaxes(acc, 1, 2)
     return _finish(call, formats.saturating_cast(acc, call.kernel_c_dtype), amax)
-
-
-@jax.custom_jvp
-def _not_differentiable(x):
-    """``x``, with a JVP that raises as gemm_amax's primitive does: the reference decodes its
-    operands through their bits, whose derivative would silently be zero."""
-    return x
-
-
-@_not_differentiable.defjvp
-def _not_differentiable_jvp(primals, tangents):
-    raise NotImplementedError("Differentiation rule for 'reference_gemm_amax' not implemented")
 
 
 def weight_only_sum(a, b, sfb, sf_vec_size):

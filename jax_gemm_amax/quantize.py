@@ -86,7 +86,7 @@ def quantize_pair(x, fmt: str = "mxfp8_e4m3", *, packed: bool = True, return_ama
 def _quantize(x, f, mode, packed, return_amax, flat=False):
     lead, (rows, k) = x.shape[:-2], x.shape[-2:]
     # math.prod, not reshape's -1, which cannot be inferred when rows or K is 0.
-    x3 = x.reshape((math.prod(lead), rows, k))
+    x3 = formats.not_differentiable(x.reshape((math.prod(lead), rows, k)), "quantize")
     if _explicitly_sharded(x3):
         # Sharding in types: jnp keeps the codes sharded as x is (the primitive's results would
         # come out replicated).

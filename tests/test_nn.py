@@ -617,6 +617,10 @@ def test_errors():
         prepare_weight(jnp.ones((8, 4), jnp.int32))
     with pytest.raises(ValueError, match=r"mx_matmul: fmt 'nvfp4' differs from the prepared weight's 'mxfp8_e4m3'"):
         mx_matmul(jnp.ones((4, 8)), prepare_weight(jnp.ones((8, 4))), fmt="nvfp4", activations="bf16")
+    with pytest.raises(NotImplementedError, match="^mx_matmul with a PreparedWeight is not differentiable"):
+        jax.grad(lambda x: mx_matmul(x, prepare_weight(jnp.ones((8, 4))), activations="bf16")[0].sum())(
+            jnp.ones((4, 8))
+        )
     with pytest.raises(TypeError, match=r"MXLinear: inputs must be real, got complex64"):
         MXLinear(8, 4, rngs=nnx.Rngs(0))(jnp.ones((2, 8), jnp.complex64))
     with pytest.raises(TypeError, match=r"MXLinear: update_amax must be a bool, got 'False'"):

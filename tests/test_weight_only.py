@@ -257,9 +257,11 @@ def test_group_terms_round_before_they_add(rng):
 def test_reference_is_not_differentiable(rng):
     """As gemm_amax: an error, not the zero derivative of its bit-level decoding."""
     a, b, sfb, sfv = _problem(rng, "e4m3", "bfloat16", 4, 32, 64)
-    for fn in (jga.gemm_amax, jga.reference_gemm_amax):
-        with pytest.raises(NotImplementedError, match="Differentiation rule"):
+    for fn, name in ((jga.gemm_amax, "gemm_amax"), (jga.reference_gemm_amax, "reference_gemm_amax")):
+        with pytest.raises(NotImplementedError, match=f"^{name} is not differentiable .*mx_matmul and MXLinear"):
             jax.grad(lambda x, fn=fn: fn(x, b[0], None, sfb[0]).c.astype(jnp.float32).sum())(a[0])
+    with pytest.raises(NotImplementedError, match="^quantize is not differentiable"):
+        jax.grad(lambda x: jga.quantize(x)[0].astype(jnp.float32).sum())(a[0].astype(jnp.float32))
 
 
 # --- errors: trace time (Python) and the FFI handler's own rules (C++) ---

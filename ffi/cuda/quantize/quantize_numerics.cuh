@@ -65,7 +65,6 @@ struct InputTraits;
 template <>
 struct InputTraits<QuantizeInput::kF32> {
   using T = float;
-  __device__ __forceinline__ static float ToFloat(float v) { return v; }
   __device__ __forceinline__ static float FromBits(uint32_t word, int) { return __uint_as_float(word); }
   // |x| of a word's elements, their elementwise max, and one element's |x| as fp32 bits (below).
   __device__ __forceinline__ static uint32_t AbsWord(uint32_t word) { return word & 0x7FFFFFFFu; }
@@ -75,7 +74,6 @@ struct InputTraits<QuantizeInput::kF32> {
 template <>
 struct InputTraits<QuantizeInput::kF16> {
   using T = __half;
-  __device__ __forceinline__ static float ToFloat(__half v) { return __half2float(v); }
   __device__ __forceinline__ static float FromBits(uint32_t word, int half) {
     return __half2float(__ushort_as_half(static_cast<unsigned short>(word >> (16 * half))));
   }
@@ -88,7 +86,6 @@ struct InputTraits<QuantizeInput::kF16> {
 template <>
 struct InputTraits<QuantizeInput::kBF16> {
   using T = __nv_bfloat16;
-  __device__ __forceinline__ static float ToFloat(__nv_bfloat16 v) { return __bfloat162float(v); }
   __device__ __forceinline__ static float FromBits(uint32_t word, int half) {
     // bf16 is fp32's upper half: one byte permutation, also where `half` is not a constant.
     return __uint_as_float(__byte_perm(word, 0u, half ? 0x3244u : 0x1044u));
